@@ -1,0 +1,63 @@
+"""trident: multi-GPU programming in Triton on NVIDIA GPUs, with a CPU simulator.
+
+Host API::
+
+    ctx = trident.init(heap_size=1 << 30)        # one process per rank (torchrun, `trident run`, spawn)
+    x = ctx.zeros(1024, dtype=torch.float32)      # symmetric: same offset on every rank
+    ctx.barrier()
+
+Device API (inside ``@triton.jit`` kernels), every call ``(..., rank, peer, heap_bases)``::
+
+    v = trident.load(x_ptr + offs, rank, peer, heap_bases, mask=mask)
+    trident.store(y_ptr + offs, v, rank, peer, heap_bases, mask=mask)
+    trident.signal(flag_ptr, 1, rank, peer, heap_bases)
+    trident.wait(flag_ptr, 1, rank, rank, heap_bases)
+
+Import trident before defining kernels: on a machine without a GPU it switches Triton to its
+CPU interpreter (the simulator), which must happen before any ``@triton.jit``.
+"""
+
+from . import config
+from .device import (
+    atomic_add,
+    atomic_and,
+    atomic_cas,
+    atomic_max,
+    atomic_min,
+    atomic_or,
+    atomic_sub,
+    atomic_xchg,
+    atomic_xor,
+    control_block,
+    copy,
+    get,
+    load,
+    put,
+    signal,
+    store,
+    translate,
+    wait,
+)
+from .errors import (
+    BackendUnavailableError,
+    ContextClosedError,
+    DeviceError,
+    DivergenceError,
+    HeapExhaustedError,
+    NotSymmetricError,
+    RankTimeoutError,
+    TridentError,
+)
+from .runtime.context import Context, init
+from .runtime.launch import SpawnError, spawn
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "Context", "spawn", "config",
+    "translate", "load", "store", "get", "put", "copy",
+    "atomic_add", "atomic_sub", "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor",
+    "atomic_min", "atomic_max", "atomic_cas", "signal", "wait", "control_block",
+    "TridentError", "BackendUnavailableError", "ContextClosedError", "DeviceError", "DivergenceError",
+    "HeapExhaustedError", "NotSymmetricError", "RankTimeoutError", "SpawnError",
+]

@@ -1,0 +1,43 @@
+"""What a backend provides: one heap per rank, and a mapping of every peer's heap.
+
+A backend knows nothing of tensors, allocation or ranks' agreement; the context drives it:
+
+1. ``create(heap_size)`` makes this rank's heap and returns a handle (bytes) peers can open;
+2. the context all-gathers the handles;
+3. ``open_peers(handles)`` maps every peer's heap and returns one host view per rank;
+4. ``after_exchange()`` runs once every rank has mapped every heap (the simulator unlinks
+   its files there, so nothing is left behind even if a process is killed later);
+5. ``close()`` releases the mappings.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class HeapBackend(ABC):
+    """One rank's view of the symmetric heaps of every rank."""
+
+    name: str
+    device: torch.device
+
+    @abstractmethod
+    def create(self, heap_size: int) -> bytes:
+        """Make this rank's heap of ``heap_size`` bytes; return a handle for peers to open."""
+
+    @abstractmethod
+    def open_peers(self, handles: list[bytes]) -> list[torch.Tensor]:
+        """Map every rank's heap; return a uint8 tensor over each (this rank's own included)."""
+
+    def after_exchange(self) -> None:
+        """Called once every rank has opened every heap."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release this rank's mappings. Tensors that still view the heap keep its memory alive."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Wait for every kernel this rank launched."""

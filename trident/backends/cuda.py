@@ -1,0 +1,121 @@
+"""The CUDA backend: heaps from ``cudaMalloc``, shared between processes with CUDA IPC.
+
+Each rank allocates its heap on its GPU, exports an IPC handle (64 bytes), and opens every
+peer's handle with ``cudaIpcMemLazyEnablePeerAccess``, which enables peer access where the
+peer's heap sits on another GPU. Ranks may share one GPU (each process has its own context;
+IPC works between them), which is how a one-GPU machine runs multi-rank tests.
+Runtime calls go through NVIDIA's ``cuda-bindings``.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..errors import BackendUnavailableError, TridentError
+from .base import HeapBackend
+
+
+def _cudart():
+    try:
+        from cuda.bindings import runtime
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise BackendUnavailableError(
+            "the cuda backend needs NVIDIA's cuda-bindings package (pip install cuda-bindings)"
+        ) from exc
+    return runtime
+
+
+def _check(result, what: str):
+    """Unpack a cuda-bindings result tuple, raising on an error code."""
+    cudart = _cudart()
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != cudart.cudaError_t.cudaSuccess:
+        _, text = cudart.cudaGetErrorString(err)
+        raise TridentError(f"{what} failed: {err.name} ({text.decode() if isinstance(text, bytes) else text})")
+    return values[0] if len(values) == 1 else values
+
+
+class _DeviceMemory:
+    """Device memory exposed to torch (``__cuda_array_interface__``) and released when unused.
+
+    torch keeps this object alive as long as any tensor views the memory, so a tensor that
+    outlives ``ctx.close()`` stays valid; the memory goes when the last view goes.
+    """
+
+    def __init__(self, ptr: int, nbytes: int, release):
+        self.ptr, self.nbytes = ptr, nbytes
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3, "strides": None,
+        }
+        weakref.finalize(self, release, ptr)
+
+
+def _free(ptr: int) -> None:
+    try:
+        _cudart().cudaFree(ptr)
+    except Exception:  # interpreter shutdown: the driver may already be gone
+        pass
+
+
+def _close_ipc(ptr: int) -> None:
+    try:
+        _cudart().cudaIpcCloseMemHandle(ptr)
+    except Exception:
+        pass
+
+
+class CudaBackend(HeapBackend):
+    """Heaps in GPU memory; rank ``r`` uses GPU ``local_rank % device_count``."""
+
+    name = "cuda"
+
+    def __init__(self, rank: int, local_rank: int):
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError(
+                "backend 'cuda' was requested but torch sees no CUDA GPU; use TRIDENT_BACKEND=sim "
+                "(or leave TRIDENT_BACKEND unset) to run on the CPU simulator"
+            )
+        self.index = local_rank % torch.cuda.device_count()
+        self.device = torch.device("cuda", self.index)
+        torch.cuda.set_device(self.device)
+        _check(_cudart().cudaSetDevice(self.index), f"cudaSetDevice({self.index})")
+        self.rank = rank
+        self.heap_size = 0
+        self._local: _DeviceMemory | None = None
+
+    def create(self, heap_size: int) -> bytes:
+        cudart = _cudart()
+        free, total = torch.cuda.mem_get_info(self.device)
+        if heap_size > free:
+            raise ValueError(
+                f"heap_size={heap_size} bytes does not fit on GPU {self.index}: {free} of {total} bytes are free"
+            )
+        ptr = _check(cudart.cudaMalloc(heap_size), f"cudaMalloc({heap_size})")
+        self._local = _DeviceMemory(int(ptr), heap_size, _free)
+        self.heap_size = heap_size
+        handle = _check(cudart.cudaIpcGetMemHandle(ptr), "cudaIpcGetMemHandle")
+        return bytes(handle.reserved)
+
+    def open_peers(self, handles: list[bytes]) -> list[torch.Tensor]:
+        cudart = _cudart()
+        views = []
+        for peer, raw in enumerate(handles):
+            if peer == self.rank:
+                memory = self._local
+            else:
+                handle = cudart.cudaIpcMemHandle_t()
+                handle.reserved = raw
+                ptr = _check(cudart.cudaIpcOpenMemHandle(handle, cudart.cudaIpcMemLazyEnablePeerAccess),
+                             f"cudaIpcOpenMemHandle (heap of rank {peer})")
+                memory = _DeviceMemory(int(ptr), self.heap_size, _close_ipc)
+            # No device= here: a peer's heap may sit on another GPU, and as_tensor would copy it.
+            views.append(torch.as_tensor(memory))
+        return views
+
+    def close(self) -> None:
+        self._local = None  # freed once no tensor views it
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)

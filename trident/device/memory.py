@@ -1,0 +1,203 @@
+"""Pointer translation and the load/store/get/put/copy family.
+
+A symmetric tensor sits at the same offset in every rank's heap. A pointer into *my* heap
+becomes a pointer to the same element in *peer*'s heap by adding the distance between the
+two heap bases, as this process maps them::
+
+    peer_ptr = ptr + (heap_bases[peer] - heap_bases[rank])
+
+That is the only per-access work (two scalar loads of ``heap_bases`` and one add). The
+distance is added in elements, to a pointer of the original type, so Triton keeps the
+contiguity it knows about ``ptr``; heap bases are aligned (``layout.BASE_ALIGN``), which
+is promised to the compiler so 16-byte vector accesses survive translation.
+
+Convention for every function here: ``rank`` is the caller's rank, ``peer`` the rank whose
+copy is accessed, then ``heap_bases`` (``ctx.heap_bases``). ``peer`` may be a scalar or a
+block of ranks with the shape of ``ptr``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import config, layout
+from .platform import on_out_of_heap
+
+_DEBUG = tl.constexpr(config.DEBUG)
+_BASE_ALIGN = tl.constexpr(layout.BASE_ALIGN)
+_HEAP_SIZE = tl.constexpr(layout.HEAP_SIZE)
+_ERR_OUT_OF_HEAP = tl.constexpr(layout.ERR_OUT_OF_HEAP)
+_ERROR_COUNT = tl.constexpr(layout.ERROR_COUNT)
+_ERROR_KIND = tl.constexpr(layout.ERROR_KIND)
+_ERROR_RANK = tl.constexpr(layout.ERROR_RANK)
+_ERROR_PEER = tl.constexpr(layout.ERROR_PEER)
+_ERROR_OFFSET = tl.constexpr(layout.ERROR_OFFSET)
+_ERROR_EXPECTED = tl.constexpr(layout.ERROR_EXPECTED)
+_ERROR_OBSERVED = tl.constexpr(layout.ERROR_OBSERVED)
+
+
+@triton.jit
+def control_block(rank, heap_bases):
+    """Pointer (int64 words) to the control block at the start of ``rank``'s heap."""
+    return tl.load(heap_bases + rank).to(tl.pointer_type(tl.int64))
+
+
+@triton.jit
+def translate(ptr, rank, peer, heap_bases):
+    """Return the address of ``ptr``'s element in ``peer``'s heap.
+
+    Args:
+        ptr: pointer (or block of pointers) into the caller's heap.
+        rank: the caller's rank.
+        peer: the rank whose copy is wanted (scalar, or a block shaped like ``ptr``).
+        heap_bases: ``ctx.heap_bases``.
+
+    Returns:
+        A pointer of the same type and shape, valid in this process.
+
+    Example::
+
+        remote = trident.translate(x_ptr + offs, rank, peer, heap_bases)
+        tl.store(remote, values, mask=offs < n)
+    """
+    if _DEBUG:
+        _check_in_heap(ptr, rank, peer, heap_bases, None)
+    return ptr + _distance(ptr, rank, peer, heap_bases)
+
+
+@triton.jit
+def _distance(ptr, rank, peer, heap_bases):
+    """Elements between my heap base and ``peer``'s, with its alignment promised to the compiler."""
+    ELEM_BYTES: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
+    distance = (tl.load(heap_bases + peer) - tl.load(heap_bases + rank)) // ELEM_BYTES
+    IS_SCALAR: tl.constexpr = len(distance.shape) == 0
+    if IS_SCALAR:
+        distance = tl.multiple_of(distance, _BASE_ALIGN // ELEM_BYTES)
+    return distance
+
+
+@triton.jit
+def _check_in_heap(ptr, rank, peer, heap_bases, mask):
+    """Debug mode: which lanes of ``ptr`` stay inside the heap; records the first fault."""
+    ELEM_BYTES: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
+    base = tl.load(heap_bases + rank)
+    ctrl = base.to(tl.pointer_type(tl.int64))
+    heap_size = tl.load(ctrl + _HEAP_SIZE)
+    offset = ptr.to(tl.int64) - base
+    inside = (offset >= 0) & (offset <= heap_size - ELEM_BYTES)
+    bad = inside == 0
+    if mask is not None:
+        bad = bad & mask
+    IS_BLOCK: tl.constexpr = len(ptr.shape) > 0
+    if IS_BLOCK:
+        any_bad = tl.max(bad.to(tl.int32), axis=None) > 0
+        bad_offset = tl.max(tl.where(bad, offset, -(2**62)), axis=None)
+        bad_peer = tl.max(tl.where(bad, peer, -1), axis=None)
+    else:
+        any_bad = bad
+        bad_offset = offset
+        bad_peer = peer
+    if any_bad:
+        on_out_of_heap(rank, bad_peer, bad_offset, heap_size)
+        record_fault(ctrl, _ERR_OUT_OF_HEAP, rank, bad_peer, bad_offset, heap_size, 0)
+    return inside
+
+
+@triton.jit
+def record_fault(ctrl, kind, rank, peer, offset, expected, observed):
+    """Write a fault into the control block; only the first fault since the host last looked is kept."""
+    first = tl.atomic_add(ctrl + _ERROR_COUNT, 1, sem="relaxed", scope="gpu") == 0
+    if first:
+        tl.store(ctrl + _ERROR_KIND, kind)
+        tl.store(ctrl + _ERROR_RANK, rank)
+        tl.store(ctrl + _ERROR_PEER, peer)
+        tl.store(ctrl + _ERROR_OFFSET, offset)
+        tl.store(ctrl + _ERROR_EXPECTED, expected)
+        tl.store(ctrl + _ERROR_OBSERVED, observed)
+
+
+@triton.jit
+def translate_masked(ptr, rank, peer, heap_bases, mask):
+    """``translate`` plus the mask to use with it: in debug mode, lanes outside the heap are masked off."""
+    if _DEBUG:
+        inside = _check_in_heap(ptr, rank, peer, heap_bases, mask)
+        if mask is None:
+            mask = inside
+        else:
+            mask = mask & inside
+    return ptr + _distance(ptr, rank, peer, heap_bases), mask
+
+
+@triton.jit
+def load(ptr, rank, peer, heap_bases, mask=None, other=None):
+    """Load ``peer``'s copy of the elements at ``ptr`` (like ``tl.load``).
+
+    Args:
+        ptr: pointer (or block of pointers) into the caller's heap.
+        rank, peer, heap_bases: see the module docstring.
+        mask, other: as in ``tl.load``.
+
+    Returns:
+        The loaded block.
+
+    Example::
+
+        x = trident.load(x_ptr + offs, rank, (rank + 1) % world, heap_bases, mask=offs < n)
+    """
+    remote, mask = translate_masked(ptr, rank, peer, heap_bases, mask)
+    return tl.load(remote, mask=mask, other=other)
+
+
+@triton.jit
+def store(ptr, value, rank, peer, heap_bases, mask=None):
+    """Store ``value`` into ``peer``'s copy of the elements at ``ptr`` (like ``tl.store``).
+
+    Example::
+
+        trident.store(y_ptr + offs, x, rank, peer, heap_bases, mask=offs < n)
+    """
+    remote, mask = translate_masked(ptr, rank, peer, heap_bases, mask)
+    tl.store(remote, value, mask=mask)
+
+
+@triton.jit
+def get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None):
+    """Copy ``peer``'s copy of ``src_ptr`` into my ``dst_ptr`` (a pull).
+
+    Example::
+
+        trident.get(x_ptr + offs, y_ptr + offs, rank, peer, heap_bases, mask=offs < n)
+    """
+    remote, mask = translate_masked(src_ptr, rank, peer, heap_bases, mask)
+    tl.store(dst_ptr, tl.load(remote, mask=mask), mask=mask)
+
+
+@triton.jit
+def put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None):
+    """Copy my ``src_ptr`` into ``peer``'s copy of ``dst_ptr`` (a push).
+
+    Example::
+
+        trident.put(x_ptr + offs, y_ptr + offs, rank, peer, heap_bases, mask=offs < n)
+    """
+    remote, mask = translate_masked(dst_ptr, rank, peer, heap_bases, mask)
+    tl.store(remote, tl.load(src_ptr, mask=mask), mask=mask)
+
+
+@triton.jit
+def copy(src_ptr, dst_ptr, src_rank, dst_rank, rank, heap_bases, mask=None):
+    """Copy ``src_rank``'s copy of ``src_ptr`` into ``dst_rank``'s copy of ``dst_ptr``.
+
+    Both pointers are into the caller's heap; either rank may be the caller's own or a peer.
+
+    Example::
+
+        # rank 0 moves a block from rank 1 to rank 2
+        trident.copy(x_ptr + offs, y_ptr + offs, 1, 2, rank, heap_bases, mask=offs < n)
+    """
+    src, src_mask = translate_masked(src_ptr, rank, src_rank, heap_bases, mask)
+    dst, dst_mask = translate_masked(dst_ptr, rank, dst_rank, heap_bases, mask)
+    if _DEBUG:
+        mask = src_mask & dst_mask  # a lane runs only if both of its ends are inside the heap
+    tl.store(dst, tl.load(src, mask=mask), mask=mask)

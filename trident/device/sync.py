@@ -1,0 +1,153 @@
+"""Signals and bounded waits: the message-passing pattern on top of the atomics.
+
+The safe pattern for handing data to a peer::
+
+    producer:  trident.store(data...)                      # or put
+               trident.signal(flag_ptr, 1, rank, peer, heap_bases)      # release, sys scope
+    consumer:  trident.wait(flag_ptr, 1, rank, rank, heap_bases)        # acquire, sys scope
+               x = tl.load(data...)
+
+A wait never hangs silently: it gives up after the context's wait timeout (``ctx.wait_timeout``,
+``TRIDENT_WAIT_TIMEOUT`` seconds) or when the host aborts (``ctx.abort()``), records the fault
+in the control block, and returns. The host raises it, naming the rank, the flag and the value
+waited for, at the next ``ctx.barrier()`` or ``ctx.check()``; the simulator raises at once.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import layout
+from .atomics import atomic_add, atomic_xchg
+from .memory import control_block, record_fault, translate
+from .platform import backoff, now_ns, on_wait_timeout
+
+_WAIT_TIMEOUT_NS = tl.constexpr(layout.WAIT_TIMEOUT_NS)
+_ABORT = tl.constexpr(layout.ABORT)
+_ERR_WAIT_TIMEOUT = tl.constexpr(layout.ERR_WAIT_TIMEOUT)
+_ERR_ABORTED = tl.constexpr(layout.ERR_ABORTED)
+
+
+@triton.jit
+def signal(flag_ptr, value, rank, peer, heap_bases, op: tl.constexpr = "set", mask=None,
+           sem: tl.constexpr = "release", scope: tl.constexpr = "sys"):
+    """Set (``op="set"``) or add to (``op="add"``) ``peer``'s copy of a flag; returns the old value.
+
+    With the default ``sem="release"`` every store the caller made before the signal is visible
+    to a peer that acquires the flag (``wait``) and sees the new value.
+
+    Example::
+
+        trident.signal(ready_ptr + tile, 1, rank, peer, heap_bases)
+    """
+    tl.static_assert(op == "set" or op == "add", "signal: op must be 'set' or 'add'")
+    if op == "set":
+        old = atomic_xchg(flag_ptr, value, rank, peer, heap_bases, mask=mask, sem=sem, scope=scope)
+    else:
+        old = atomic_add(flag_ptr, value, rank, peer, heap_bases, mask=mask, sem=sem, scope=scope)
+    return old
+
+
+@triton.jit
+def _meets(seen, value, cmp: tl.constexpr):
+    tl.static_assert(cmp == "eq" or cmp == "ne" or cmp == "ge" or cmp == "gt" or cmp == "le" or cmp == "lt",
+                     "wait: cmp must be one of eq, ne, ge, gt, le, lt")
+    if cmp == "eq":
+        ok = seen == value
+    elif cmp == "ne":
+        ok = seen != value
+    elif cmp == "ge":
+        ok = seen >= value
+    elif cmp == "gt":
+        ok = seen > value
+    elif cmp == "le":
+        ok = seen <= value
+    else:
+        ok = seen < value
+    return ok
+
+
+@triton.jit
+def _all(ok, mask):
+    """True when every lane is ``ok`` (lanes outside ``mask`` count as done). Works for scalars too."""
+    if mask is not None:
+        ok = ok | (mask == 0)
+    IS_BLOCK: tl.constexpr = len(ok.shape) > 0
+    if IS_BLOCK:
+        ok = tl.min(ok.to(tl.int32), axis=None) > 0
+    return ok
+
+
+@triton.jit
+def _summary(seen, value, cmp: tl.constexpr, mask):
+    """Scalars for the fault record: the smallest offset waited on and the smallest unmet value seen."""
+    IS_BLOCK: tl.constexpr = len(seen.shape) > 0
+    if IS_BLOCK:
+        pending = _meets(seen, value, cmp) == 0
+        if mask is not None:
+            pending = pending & mask
+        seen = tl.min(tl.where(pending, seen, 2**31 - 1), axis=None)
+    return seen
+
+
+@triton.jit
+def _poll(ptr, mask):
+    """A load that bypasses the L1 cache, so a peer's store is seen as soon as it lands."""
+    if mask is None:
+        value = tl.load(ptr, volatile=True)
+    else:
+        value = tl.load(ptr, mask=mask, other=0, volatile=True)
+    return value
+
+
+@triton.jit
+def _lowest(x):
+    IS_BLOCK: tl.constexpr = len(x.shape) > 0
+    if IS_BLOCK:
+        x = tl.min(x, axis=None)
+    return x
+
+
+@triton.jit
+def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = "eq", mask=None,
+         sem: tl.constexpr = "acquire", scope: tl.constexpr = "sys"):
+    """Spin until ``peer``'s copy of the flag(s) compares ``cmp`` to ``value``; returns what was seen.
+
+    Usually ``peer == rank``: a rank waits on its own flag, which peers ``signal``. For a block of
+    flags it waits until every lane (under ``mask``) is satisfied. Flags are integers. After the
+    condition holds, one ``sem``-ordered atomic read makes the signaller's earlier stores visible
+    (acquire by default). The flag must not leave the awaited state until the waiter has returned.
+
+    Gives up after ``ctx.wait_timeout`` seconds or when the host calls ``ctx.abort()``: the
+    fault is recorded for the host to raise (the simulator raises at once) and the wait returns.
+
+    Example::
+
+        trident.wait(ready_ptr + tile, 1, rank, rank, heap_bases)          # one flag
+        trident.wait(ready_ptr + offs, epoch, rank, rank, heap_bases, cmp="ge", mask=offs < world)
+    """
+    tl.static_assert(flag_ptr.dtype.element_ty.is_int(), "trident.wait: flags must be integers")
+    remote = translate(flag_ptr, rank, peer, heap_bases)
+    ctrl = control_block(rank, heap_bases)
+    seen = _poll(remote, mask)
+    done = _all(_meets(seen, value, cmp), mask)
+    if done == 0:
+        timeout_ns = tl.load(ctrl + _WAIT_TIMEOUT_NS)
+        start = now_ns()
+        gave_up = done
+        aborted = done
+        while (done == 0) & (gave_up == 0):
+            backoff()
+            seen = _poll(remote, mask)
+            done = _all(_meets(seen, value, cmp), mask)
+            aborted = tl.load(ctrl + _ABORT, volatile=True) != 0
+            gave_up = (done == 0) & (aborted | (now_ns() - start > timeout_ns))
+        if gave_up:
+            offset = _lowest(flag_ptr.to(tl.int64) - tl.load(heap_bases + rank))
+            last = _summary(seen, value, cmp, mask)
+            on_wait_timeout(rank, peer, offset, value, last, timeout_ns, aborted)
+            record_fault(ctrl, tl.where(aborted, _ERR_ABORTED, _ERR_WAIT_TIMEOUT), rank, peer, offset,
+                         value, last)
+    # One ordered read after the condition held: the acquire that publishes the signaller's stores.
+    return tl.atomic_add(remote, tl.zeros_like(seen), mask=mask, sem=sem, scope=scope)

@@ -1,0 +1,1 @@
+"""Kernels trident itself launches (barriers, copies), written with the public device API."""

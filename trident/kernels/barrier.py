@@ -1,0 +1,31 @@
+"""The device barrier: every rank announces an epoch to every peer, then waits for theirs."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import layout
+from ..device import control_block, signal, wait
+
+_BARRIER_EPOCH = tl.constexpr(layout.BARRIER_EPOCH)
+_BARRIER_SLOTS = tl.constexpr(layout.BARRIER_SLOTS)
+
+
+@triton.jit
+def device_barrier_kernel(heap_bases, rank, world_size, BLOCK: tl.constexpr):
+    """One program. Slot ``r`` of a rank's control block holds the last epoch rank ``r`` announced."""
+    ctrl = control_block(rank, heap_bases)
+    epoch = tl.load(ctrl + _BARRIER_EPOCH) + 1  # on the device, so graph replays count on
+    tl.store(ctrl + _BARRIER_EPOCH, epoch)
+    peers = tl.arange(0, BLOCK)
+    is_peer = peers < world_size
+    my_slot = ctrl + _BARRIER_SLOTS + rank + peers * 0
+    signal(my_slot, epoch, rank, peers, heap_bases, mask=is_peer)
+    wait(ctrl + _BARRIER_SLOTS + peers, epoch, rank, rank, heap_bases, cmp="ge", mask=is_peer)
+
+
+def launch_device_barrier(heap_bases: torch.Tensor, rank: int, world_size: int) -> None:
+    """Launch the barrier kernel on the current stream."""
+    device_barrier_kernel[(1,)](heap_bases, rank, world_size, BLOCK=triton.next_power_of_2(world_size))

@@ -1,0 +1,41 @@
+"""Where things live inside each rank's heap. Shared by the host runtime and the device API.
+
+Every heap starts with a reserved *control block*; user tensors are allocated after it.
+The control block holds the settings a device-side wait reads (its timeout, the abort flag),
+the first fault a kernel reported, and the slots of the device barrier. It is a table of
+int64 words; the constants below are word indices.
+"""
+
+#: Bytes reserved at the start of every heap for the control block.
+CONTROL_BYTES = 64 * 1024
+#: Every allocation starts on this boundary (bytes); wide enough for 16-byte vector and TMA accesses.
+ALLOC_ALIGN = 256
+#: Heap bases must be aligned to this (bytes); the device API promises it to the compiler.
+BASE_ALIGN = 256
+#: Largest world size the control block has barrier slots for.
+MAX_WORLD = 4096
+
+MAGIC_VALUE = 0x54524944454E5431  # "TRIDENT1"
+
+# Word indices (int64) inside the control block.
+MAGIC = 0
+HEAP_SIZE = 1
+WAIT_TIMEOUT_NS = 2
+ABORT = 3
+ERROR_COUNT = 4
+ERROR_KIND = 5
+ERROR_RANK = 6
+ERROR_PEER = 7
+ERROR_OFFSET = 8
+ERROR_EXPECTED = 9
+ERROR_OBSERVED = 10
+SCRATCH = 12  # where debug mode sends a CAS whose address is outside the heap
+BARRIER_EPOCH = 16
+BARRIER_SLOTS = 1024  # one int64 per rank: the last barrier epoch that rank announced here
+
+# Fault kinds written to ERROR_KIND.
+ERR_WAIT_TIMEOUT = 1
+ERR_OUT_OF_HEAP = 2
+ERR_ABORTED = 3
+
+assert (BARRIER_SLOTS + MAX_WORLD) * 8 <= CONTROL_BYTES

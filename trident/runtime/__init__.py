@@ -1,0 +1,1 @@
+"""The host runtime: contexts, the symmetric allocator, rendezvous and launch."""

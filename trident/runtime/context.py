@@ -1,0 +1,410 @@
+"""The host runtime: :func:`init` and :class:`Context`, one rank's handle on the symmetric heap."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import secrets
+
+import torch
+
+from .. import config, layout
+from ..errors import (
+    ContextClosedError,
+    DeviceError,
+    DivergenceError,
+    NotSymmetricError,
+    RankTimeoutError,
+)
+from .allocator import SymmetricAllocator
+from .control import ControlBlock
+from .creation import TensorFactory
+from .rendezvous import Rendezvous, join_process_group
+
+DEFAULT_HEAP_SIZE = 1 << 30
+_context_ids = itertools.count()
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r} must be a positive number of seconds")
+    return value
+
+
+def init(heap_size: int = DEFAULT_HEAP_SIZE, backend: str | None = None, *, timeout: float | None = None,
+         wait_timeout: float | None = None) -> Context:
+    """Create this rank's symmetric heap and map every peer's; collective over all ranks.
+
+    Joins the initialized torch.distributed default group, or creates one from RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (as torchrun, ``trident run`` and
+    :func:`trident.spawn` set them; with none set, a one-rank job).
+
+    Args:
+        heap_size: bytes per rank (rounded up to 256); the same on every rank.
+        backend: ``"cuda"``, ``"sim"`` or None for the one chosen at import (see ``trident.config``).
+        timeout: seconds a host-side wait (init, barrier, broadcast) waits for the other ranks
+            before raising an error naming them (default ``TRIDENT_TIMEOUT`` or 30).
+        wait_timeout: seconds a device-side ``trident.wait`` spins before giving up
+            (default ``TRIDENT_WAIT_TIMEOUT`` or 30); changeable later via ``ctx.wait_timeout``.
+
+    Returns:
+        The :class:`Context`.
+
+    Example::
+
+        ctx = trident.init(heap_size=1 << 28)
+        x = ctx.zeros(1024)
+        ctx.barrier()
+    """
+    if isinstance(heap_size, bool) or not isinstance(heap_size, int):
+        raise TypeError(f"heap_size must be an int number of bytes, got {type(heap_size).__name__}")
+    minimum = layout.CONTROL_BYTES + layout.ALLOC_ALIGN
+    if heap_size < minimum:
+        raise ValueError(f"heap_size={heap_size} is too small: the heap needs at least {minimum} bytes "
+                         f"({layout.CONTROL_BYTES} of them for trident's control block)")
+    heap_size = -(-heap_size // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN
+    name = config.BACKEND if backend is None else str(backend).lower()
+    if name not in config.BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {config.BACKENDS} or None")
+    if name != config.BACKEND:
+        raise config.ConfigError(
+            f"backend {name!r} was requested, but this process imported trident for {config.BACKEND!r}: "
+            f"Triton fixes at kernel-definition time whether kernels run on the GPU or in the CPU "
+            f"interpreter. Set TRIDENT_BACKEND={name} before importing trident."
+        )
+    timeout = timeout if timeout is not None else _env_seconds("TRIDENT_TIMEOUT", 30.0)
+    wait_timeout = wait_timeout if wait_timeout is not None else _env_seconds("TRIDENT_WAIT_TIMEOUT", 30.0)
+    store, rank, world, local_rank = join_process_group(name, timeout)
+    if world > layout.MAX_WORLD:
+        raise ValueError(f"world size {world} is larger than trident supports ({layout.MAX_WORLD})")
+    rendezvous = Rendezvous(store, f"trident/ctx{next(_context_ids)}/", rank, world, timeout)
+    return Context(rendezvous, name, heap_size, local_rank, wait_timeout)
+
+
+class Context(TensorFactory):
+    """One rank's symmetric heap, the mappings of its peers', and the host API around them.
+
+    Made by :func:`trident.init`. Usable as a context manager (``close()`` on exit).
+
+    Attributes:
+        rank, world_size: this process's place in the job.
+        device: where heap tensors live (``cuda:N`` or ``cpu`` for the simulator).
+        backend: ``"cuda"`` or ``"sim"``.
+        heap_size: bytes per rank.
+        heap_bases: int64 tensor on ``device``: every rank's heap base as mapped in this process.
+            Pass it to kernels; the device API translates pointers with it.
+        heap_bases_host: the same addresses as a tuple of ints.
+    """
+
+    def __init__(self, rendezvous: Rendezvous, backend: str, heap_size: int, local_rank: int,
+                 wait_timeout: float):
+        self._rendezvous = rendezvous
+        self.rank, self.world_size = rendezvous.rank, rendezvous.world_size
+        self.backend, self.heap_size = backend, heap_size
+        self._closed = True  # until the heap exists
+        job_id = rendezvous.broadcast("init", secrets.token_hex(6).encode(), src=0).decode()
+        if backend == "cuda":
+            from ..backends.cuda import CudaBackend
+
+            self._backend = CudaBackend(self.rank, local_rank)
+        else:
+            from ..backends.sim import SimBackend
+
+            self._backend = SimBackend(self.rank, job_id)
+        self.device = self._backend.device
+        try:
+            handle = self._backend.create(heap_size)
+            sizes_and_handles = [pickle.loads(v) for v in rendezvous.all_gather(
+                "heap handle exchange", pickle.dumps((heap_size, handle)))]
+            sizes = {r: s for r, (s, _) in enumerate(sizes_and_handles)}
+            if len(set(sizes.values())) > 1:
+                raise DivergenceError(f"rank {self.rank}: ranks asked for different heap sizes: {sizes}")
+            self._heaps = self._backend.open_peers([h for _, h in sizes_and_handles])
+            self._heap = self._heaps[self.rank]
+            bases = [h.data_ptr() for h in self._heaps]
+            misaligned = [r for r, b in enumerate(bases) if b % layout.BASE_ALIGN]
+            if misaligned:
+                raise DeviceError(f"rank {self.rank}: heaps of ranks {misaligned} are not "
+                                  f"{layout.BASE_ALIGN}-byte aligned in this process")
+            self.heap_bases = torch.tensor(bases, dtype=torch.int64, device=self.device)
+            self.heap_bases_host = tuple(bases)
+            self._control = ControlBlock(self._heap, heap_size)
+            self._control.reset(wait_timeout)
+            self._allocator = SymmetricAllocator(layout.CONTROL_BYTES, heap_size, layout.ALLOC_ALIGN)
+            self._backend.synchronize()
+            rendezvous.all_gather("heap mapping", b"")
+            self._backend.after_exchange()
+        except BaseException:
+            self._backend.close()
+            raise
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the heap and the peers' mappings (collective). Idempotent.
+
+        Tensors made on the heap keep their memory alive until they are dropped, but peers no
+        longer see them: use heap tensors only while the context is open.
+        """
+        if self._closed:
+            return
+        try:
+            self.barrier()  # no peer may still be reading or writing my heap
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._closed = True
+        self._heaps = self._heap = None
+        self._backend.close()
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # peers may be gone: release without a barrier that could only time out
+            self._release()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"heap_size={self.heap_size}"
+        return f"<trident.Context rank={self.rank}/{self.world_size} backend={self.backend} {state}>"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ContextClosedError(f"rank {self.rank}: this trident context is closed; "
+                                     f"create a new one with trident.init()")
+
+    # -- settings ----------------------------------------------------------------------------
+    @property
+    def debug(self) -> bool:
+        """Whether the device debug mode (``TRIDENT_DEBUG=1`` at import) is on."""
+        return config.DEBUG
+
+    @property
+    def wait_timeout(self) -> float:
+        """Seconds a device-side ``trident.wait`` spins before it gives up."""
+        self._check_open()
+        return self._control.wait_timeout
+
+    @wait_timeout.setter
+    def wait_timeout(self, seconds: float) -> None:
+        self._check_open()
+        if not seconds > 0:
+            raise ValueError(f"wait_timeout must be a positive number of seconds, got {seconds!r}")
+        self._control.wait_timeout = seconds
+
+    # -- allocation --------------------------------------------------------------------------
+    def _place(self, meta: torch.Tensor, what: str, out, device) -> torch.Tensor:
+        """Reserve heap bytes for a tensor shaped like ``meta`` (or reuse ``out``)."""
+        self._check_open()
+        if device is not None and not self._same_device(torch.device(device)):
+            raise ValueError(f"rank {self.rank}: ctx.{what}: heap tensors live on {self.device}, "
+                             f"got device={device!r}")
+        if meta.layout != torch.strided:
+            raise ValueError(f"ctx.{what}: only strided tensors live on the heap, got layout={meta.layout}")
+        if out is not None:
+            self._require_symmetric(out, f"ctx.{what}(out=...)")
+            if out.shape != meta.shape or out.dtype != meta.dtype:
+                raise ValueError(f"ctx.{what}: out has shape {tuple(out.shape)} and dtype {out.dtype}, "
+                                 f"expected {tuple(meta.shape)} and {meta.dtype} (heap tensors cannot be resized)")
+            return out
+        span = 0
+        if meta.numel() > 0:
+            span = (sum((n - 1) * s for n, s in zip(meta.shape, meta.stride())) + 1) * meta.element_size()
+        description = f"ctx.{what}(shape={tuple(meta.shape)}, dtype={meta.dtype})"
+        block = self._allocator.allocate(span, description)
+        self._debug_check_in_step(description)
+        flat = self._heap[block.offset:block.offset + span]
+        return flat.view(meta.dtype).as_strided(meta.shape, meta.stride())
+
+    def _same_device(self, device: torch.device) -> bool:
+        if device.type != self.device.type:
+            return False
+        return device.index is None or self.device.index is None or device.index == self.device.index
+
+    def free(self, *tensors: torch.Tensor) -> None:
+        """Give tensors' heap memory back (collective: free the same tensors on every rank).
+
+        Each tensor must be one returned by a creation function (or a view starting where it
+        starts). Using a tensor after freeing it reads memory a later allocation may reuse.
+
+        Example::
+
+            tmp = ctx.empty(1 << 20)
+            ctx.free(tmp)
+        """
+        self._check_open()
+        for t in tensors:
+            self._require_symmetric(t, "ctx.free")
+            offset = t.data_ptr() - self._heap.data_ptr()
+            if self._allocator.block_at(offset) is None:
+                inside = self._allocator.block_containing(offset)
+                where = (f"it starts {offset - inside.offset} bytes into the allocation at {inside.offset:#x}; "
+                         f"free the tensor that allocation returned" if inside else "already freed?")
+                raise ValueError(f"rank {self.rank}: ctx.free: no allocation starts at heap offset "
+                                 f"{offset:#x} ({where})")
+            self._allocator.free(offset)
+            self._debug_check_in_step(f"ctx.free(offset={offset:#x})")
+
+    def memory_stats(self) -> dict[str, int]:
+        """Heap usage of this rank, in bytes (the same on every rank when in step).
+
+        Example::
+
+            print(ctx.memory_stats()["free_bytes"])
+        """
+        self._check_open()
+        a = self._allocator
+        return {
+            "heap_size": self.heap_size, "reserved_bytes": layout.CONTROL_BYTES,
+            "allocated_bytes": a.allocated_bytes, "free_bytes": a.free_bytes,
+            "largest_free_block": a.largest_free_block, "peak_allocated_bytes": a.peak,
+            "num_allocations": len(a.live_blocks()),
+        }
+
+    def is_symmetric(self, tensor) -> bool:
+        """True when every byte of ``tensor`` lies in this rank's symmetric heap.
+
+        Example::
+
+            assert ctx.is_symmetric(ctx.zeros(4)) and not ctx.is_symmetric(torch.zeros(4))
+        """
+        self._check_open()
+        if not isinstance(tensor, torch.Tensor) or tensor.device != self._heap.device:
+            return False
+        start = tensor.data_ptr() - self._heap.data_ptr()
+        span = 0
+        if tensor.numel() > 0:
+            span = (sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride())) + 1) * tensor.element_size()
+        return layout.CONTROL_BYTES <= start and start + span <= self.heap_size
+
+    def _require_symmetric(self, tensor, where: str) -> None:
+        if not self.is_symmetric(tensor):
+            got = (f"a {type(tensor).__name__}" if not isinstance(tensor, torch.Tensor)
+                   else f"a tensor on {tensor.device} outside the heap")
+            raise NotSymmetricError(
+                f"rank {self.rank}: {where} needs a symmetric tensor (made by ctx.zeros/empty/...), got {got}. "
+                f"Results of arithmetic on heap tensors are new tensors off the heap: use in-place ops, "
+                f"out=, or ctx.as_symmetric(t)."
+            )
+
+    def peer_view(self, tensor: torch.Tensor, peer: int) -> torch.Tensor:
+        """A host-side view of ``peer``'s copy of a symmetric tensor (for checks and staging).
+
+        Reads see what the peer's kernels wrote once both sides have passed a ``barrier()``.
+
+        Example::
+
+            ctx.barrier()
+            left = ctx.peer_view(x, (ctx.rank - 1) % ctx.world_size).clone()
+        """
+        self._require_symmetric(tensor, "ctx.peer_view")
+        if not 0 <= peer < self.world_size:
+            raise ValueError(f"peer={peer} is not a rank of this job (world size {self.world_size})")
+        offset = tensor.data_ptr() - self._heap.data_ptr()
+        return self._heaps[peer][offset:].view(tensor.dtype).as_strided(tensor.shape, tensor.stride())
+
+    # -- synchronization ----------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise the first fault a kernel of this rank recorded (a timed-out wait, an out-of-heap
+        access in debug mode), then clear it. Waits for this rank's device work first.
+
+        Example::
+
+            my_kernel[grid](...)
+            ctx.check()
+        """
+        self._check_open()
+        self._backend.synchronize()
+        fault = self._control.take_fault()
+        if fault is not None:
+            kind, message = fault
+            raise (RankTimeoutError if kind == layout.ERR_WAIT_TIMEOUT else DeviceError)(message)
+
+    def barrier(self) -> None:
+        """Wait for this rank's device work, then for every rank (collective).
+
+        Also raises this rank's device faults, and a :class:`DivergenceError` when ranks' heap
+        allocations have gone out of step.
+
+        Example::
+
+            fill_kernel[grid](x, ...)
+            ctx.barrier()   # every rank's x is now written and visible to its peers
+        """
+        self.check()
+        self._compare_digests("barrier")
+
+    def _compare_digests(self, what: str) -> None:
+        a = self._allocator
+        mine = f"{a.digest} after {a.ops} heap operations (last: {a.last_op})"
+        states = [v.decode() for v in self._rendezvous.all_gather(what, mine.encode())]
+        if len(set(s.split(" ", 1)[0] for s in states)) > 1:
+            listing = "; ".join(f"rank {r}: {s}" for r, s in enumerate(states))
+            raise DivergenceError(
+                f"rank {self.rank}: ranks' heap allocations are out of step at {what} (every rank must "
+                f"allocate and free the same tensors in the same order): {listing}"
+            )
+
+    def _debug_check_in_step(self, what: str) -> None:
+        if config.DEBUG:
+            self._compare_digests(f"allocation check ({what})")
+
+    def device_barrier(self) -> None:
+        """A barrier done by a kernel on the device (collective), usable inside CUDA-graph capture.
+
+        Each rank's kernel announces a new epoch in every peer's control block (release) and
+        waits until every peer has announced it here (acquire). Epochs live on the device, so a
+        captured graph replays correctly.
+
+        Example::
+
+            produce_kernel[grid](...)
+            ctx.device_barrier()
+            consume_kernel[grid](...)
+        """
+        self._check_open()
+        from ..kernels.barrier import launch_device_barrier
+
+        launch_device_barrier(self.heap_bases, self.rank, self.world_size)
+
+    def abort(self) -> None:
+        """Make this rank's device waits give up now (they record an 'aborted' fault).
+
+        Example::
+
+            ctx.abort()   # from a watchdog thread, while a kernel spins
+        """
+        self._check_open()
+        self._control.set_abort(True)
+
+    def broadcast(self, value, src: int = 0):
+        """Give every rank ``src``'s ``value`` (collective).
+
+        A tensor is overwritten in place with ``src``'s data (every rank passes a tensor of the
+        same shape and dtype) and returned; any other Python object is pickled and returned.
+
+        Example::
+
+            seed = ctx.broadcast(random.randrange(2**31) if ctx.rank == 0 else None)
+            ctx.broadcast(weights, src=0)
+        """
+        self._check_open()
+        if not isinstance(src, int) or not 0 <= src < self.world_size:
+            raise ValueError(f"src={src!r} is not a rank of this job (world size {self.world_size})")
+        if not isinstance(value, torch.Tensor):
+            payload = pickle.dumps(value) if self.rank == src else None
+            return pickle.loads(self._rendezvous.broadcast("broadcast", payload, src))
+        from .broadcast import broadcast_tensor
+
+        return broadcast_tensor(self, value, src)

@@ -1,0 +1,59 @@
+"""Host access to this rank's control block (see ``trident.layout``)."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import layout
+from ..device.platform import describe_heap_fault, describe_wait_fault
+
+
+class ControlBlock:
+    """The int64 words at the start of this rank's heap that kernels and the host share."""
+
+    def __init__(self, heap: torch.Tensor, heap_size: int):
+        self.words = heap[:layout.CONTROL_BYTES].view(torch.int64)
+        self.heap_size = heap_size
+
+    def reset(self, wait_timeout: float) -> None:
+        """Clear everything and write the header (before any peer may touch the heap)."""
+        self.words.zero_()
+        self.words[layout.MAGIC] = layout.MAGIC_VALUE
+        self.words[layout.HEAP_SIZE] = self.heap_size
+        self.wait_timeout = wait_timeout
+
+    @property
+    def wait_timeout(self) -> float:
+        return int(self.words[layout.WAIT_TIMEOUT_NS].item()) / 1e9
+
+    @wait_timeout.setter
+    def wait_timeout(self, seconds: float) -> None:
+        self.words[layout.WAIT_TIMEOUT_NS] = int(seconds * 1e9)
+
+    def set_abort(self, on: bool) -> None:
+        # A side stream, so the write lands while this rank's kernels are still running.
+        if self.words.is_cuda:
+            stream = torch.cuda.Stream(device=self.words.device)
+            with torch.cuda.stream(stream):
+                self.words[layout.ABORT].fill_(int(on))
+            stream.synchronize()
+        else:
+            self.words[layout.ABORT] = int(on)
+
+    def take_fault(self) -> tuple[int, str] | None:
+        """The recorded fault as ``(kind, message)``, or None; clears it (and the abort flag)."""
+        first, last = layout.ERROR_COUNT, layout.ERROR_OBSERVED
+        count, kind, rank, peer, offset, expected, observed = self.words[first:last + 1].tolist()
+        if count == 0:
+            return None
+        self.words[first:last + 1] = 0
+        self.words[layout.ABORT] = 0
+        if kind == layout.ERR_OUT_OF_HEAP:
+            message = describe_heap_fault(rank, peer, offset, expected)
+        else:
+            timeout_ns = int(self.words[layout.WAIT_TIMEOUT_NS].item())
+            message = describe_wait_fault(rank, peer, offset, expected, observed, timeout_ns,
+                                          kind == layout.ERR_ABORTED)
+        if count > 1:
+            message += f" ({count - 1} more fault(s) were reported after it.)"
+        return kind, message

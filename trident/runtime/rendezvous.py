@@ -1,0 +1,130 @@
+"""Host-side coordination between ranks through torch.distributed's key-value store.
+
+trident exchanges heap handles, compares allocation digests and runs host barriers through the
+store that every torch.distributed job already has (the TCPStore that torchrun or
+``init_process_group`` set up), so no communication library is needed on the host. Using the
+store directly, instead of a collective, lets every timeout name the ranks that never arrived.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch.distributed as dist
+
+from ..errors import DivergenceError, RankTimeoutError
+
+
+def _env_int(name: str, default: int | None) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        if default is None:
+            raise ValueError(f"environment variable {name} is not set; launch with torchrun, "
+                             f"`trident run -n N`, or trident.spawn()")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def free_port() -> int:
+    """A TCP port on this machine that nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def join_process_group(backend: str, timeout: float) -> tuple[dist.Store, int, int, int]:
+    """Join the default torch.distributed group, creating it from the environment if needed.
+
+    Args:
+        backend: trident's backend ("cuda" or "sim"); picks the torch.distributed backends
+            of a group trident creates ("cpu:gloo,cuda:nccl" or "gloo").
+        timeout: seconds to wait for every rank to arrive.
+
+    Returns:
+        ``(store, rank, world_size, local_rank)``.
+    """
+    if dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local_rank = _env_int("LOCAL_RANK", rank)
+        return dist.distributed_c10d._get_default_store(), rank, world, local_rank
+
+    world = _env_int("WORLD_SIZE", 1 if "RANK" not in os.environ else None)
+    rank = _env_int("RANK", 0 if world == 1 else None)
+    local_rank = _env_int("LOCAL_RANK", rank)
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} and WORLD_SIZE={world} are inconsistent: need 0 <= RANK < WORLD_SIZE")
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = _env_int("MASTER_PORT", free_port() if world == 1 else None)
+    try:
+        store = dist.TCPStore(host, port, world_size=None, is_master=rank == 0,
+                              timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
+    except (RuntimeError, OSError) as exc:
+        raise RankTimeoutError(
+            f"rank {rank}: could not reach the rendezvous store at {host}:{port} within {timeout:g} s; "
+            f"rank 0 hosts it: has it started? ({exc})"
+        ) from exc
+    _check_world_size(store, rank, world, timeout)
+    torch_backend = "cpu:gloo,cuda:nccl" if backend == "cuda" else "gloo"
+    dist.init_process_group(torch_backend, store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=max(timeout, 60)))
+    return dist.distributed_c10d._get_default_store(), rank, world, local_rank
+
+
+def _check_world_size(store: dist.Store, rank: int, world: int, timeout: float) -> None:
+    """Every rank announces the world size it was given; a disagreement is an error, not a hang."""
+    store.set(f"trident/world_size/{rank}", str(world))
+    keys = [f"trident/world_size/{r}" for r in range(world)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout))
+    except Exception as exc:
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        raise RankTimeoutError(
+            f"rank {rank}: timed out after {timeout:g} s waiting for ranks {missing} to join a job of "
+            f"WORLD_SIZE={world}. Did they start, crash, or get a different WORLD_SIZE?"
+        ) from exc
+    sizes = {r: int(store.get(k)) for r, k in enumerate(keys)}
+    if len(set(sizes.values())) > 1:
+        raise DivergenceError(f"rank {rank}: ranks disagree on WORLD_SIZE: {sizes}")
+
+
+class Rendezvous:
+    """All-gathers and barriers over the store, each named by a sequence number.
+
+    Args:
+        store: a torch.distributed Store shared by every rank.
+        prefix: a key prefix unique to one trident context.
+        rank, world_size: this process's place in the job.
+        timeout: seconds before a wait gives up and names the missing ranks.
+    """
+
+    def __init__(self, store: dist.Store, prefix: str, rank: int, world_size: int, timeout: float):
+        self.store = dist.PrefixStore(prefix, store)
+        self.rank, self.world_size, self.timeout = rank, world_size, timeout
+        self._seq = 0
+
+    def all_gather(self, what: str, value: bytes) -> list[bytes]:
+        """Give every rank every rank's ``value``. ``what`` names the step in a timeout message."""
+        self._seq += 1
+        keys = [f"{self._seq}/{r}" for r in range(self.world_size)]
+        self.store.set(keys[self.rank], value)
+        try:
+            self.store.wait(keys, datetime.timedelta(seconds=self.timeout))
+        except Exception as exc:
+            missing = [r for r, key in enumerate(keys) if not self.store.check([key])]
+            raise RankTimeoutError(
+                f"rank {self.rank}: {what} timed out after {self.timeout:g} s waiting for ranks {missing} "
+                f"(they never arrived: did they crash, hang in a kernel, or take a different code path?)"
+            ) from exc
+        values = self.store.multi_get(keys)
+        if self._seq > 1:  # every rank has finished the previous step, so its keys can go
+            self.store.delete_key(f"{self._seq - 1}/{self.rank}")
+        return values
+
+    def broadcast(self, what: str, value: bytes | None, src: int) -> bytes:
+        """Give every rank ``src``'s ``value`` (other ranks pass ``None``)."""
+        return self.all_gather(what, value if self.rank == src else b"")[src]
