@@ -17,7 +17,10 @@ Import trident before defining kernels: on a machine without a GPU it switches T
 CPU interpreter (the simulator), which must happen before any ``@triton.jit``.
 """
 
-from . import config
+from . import (
+    config,
+    testing,  # noqa: E402  (RankPool for multi-rank tests)
+)
 from .device import (
     atomic_add,
     atomic_and,
@@ -54,7 +57,7 @@ from .runtime.launch import SpawnError, spawn
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "Context", "spawn", "config",
+    "init", "Context", "spawn", "config", "testing",
     "translate", "load", "store", "get", "put", "copy",
     "atomic_add", "atomic_sub", "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor",
     "atomic_min", "atomic_max", "atomic_cas", "signal", "wait", "control_block",

@@ -31,7 +31,7 @@ class HeapBackend(ABC):
     def open_peers(self, handles: list[bytes]) -> list[torch.Tensor]:
         """Map every rank's heap; return a uint8 tensor over each (this rank's own included)."""
 
-    def after_exchange(self) -> None:
+    def after_exchange(self) -> None:  # noqa: B027  (optional hook)
         """Called once every rank has opened every heap."""
 
     @abstractmethod

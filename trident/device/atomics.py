@@ -16,119 +16,135 @@ import triton
 import triton.language as tl
 
 from .. import config, layout
-from .memory import control_block, translate_masked
+from .memory import control_block, heap_mask, peer_offset
 
 _DEBUG = tl.constexpr(config.DEBUG)
 _SCRATCH = tl.constexpr(layout.SCRATCH)
 
 
 @triton.jit
-def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = "acq_rel",
-               scope: tl.constexpr = "sys"):
+def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
     """Atomically adds ``val`` at ``peer``'s copy of ``ptr``; returns the old value.
 
     Example::
 
         old = trident.atomic_add(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote, mask = translate_masked(ptr, rank, peer, heap_bases, mask)
+    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
+    if _DEBUG:
+        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
     return tl.atomic_add(remote, val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = "acq_rel",
-               scope: tl.constexpr = "sys"):
+def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
     """Atomically subtracts ``val`` at ``peer``'s copy of ``ptr``; returns the old value.
 
     Example::
 
         old = trident.atomic_sub(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote, mask = translate_masked(ptr, rank, peer, heap_bases, mask)
+    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
+    if _DEBUG:
+        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
     return tl.atomic_add(remote, -val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = "acq_rel",
-               scope: tl.constexpr = "sys"):
+def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
     """Atomically swaps in ``val`` at ``peer``'s copy of ``ptr``; returns the old value.
 
     Example::
 
         old = trident.atomic_xchg(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote, mask = translate_masked(ptr, rank, peer, heap_bases, mask)
+    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
+    if _DEBUG:
+        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
     return tl.atomic_xchg(remote, val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = "acq_rel",
-               scope: tl.constexpr = "sys"):
+def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
     """Atomically bitwise-ands ``val`` at ``peer``'s copy of ``ptr``; returns the old value.
 
     Example::
 
         old = trident.atomic_and(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote, mask = translate_masked(ptr, rank, peer, heap_bases, mask)
+    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
+    if _DEBUG:
+        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
     return tl.atomic_and(remote, val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = "acq_rel",
-               scope: tl.constexpr = "sys"):
+def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
     """Atomically bitwise-ors ``val`` at ``peer``'s copy of ``ptr``; returns the old value.
 
     Example::
 
         old = trident.atomic_or(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote, mask = translate_masked(ptr, rank, peer, heap_bases, mask)
+    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
+    if _DEBUG:
+        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
     return tl.atomic_or(remote, val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = "acq_rel",
-               scope: tl.constexpr = "sys"):
+def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
     """Atomically bitwise-xors ``val`` at ``peer``'s copy of ``ptr``; returns the old value.
 
     Example::
 
         old = trident.atomic_xor(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote, mask = translate_masked(ptr, rank, peer, heap_bases, mask)
+    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
+    if _DEBUG:
+        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
     return tl.atomic_xor(remote, val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = "acq_rel",
-               scope: tl.constexpr = "sys"):
+def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
     """Atomically keeps the minimum with ``val`` at ``peer``'s copy of ``ptr``; returns the old value.
 
     Example::
 
         old = trident.atomic_min(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote, mask = translate_masked(ptr, rank, peer, heap_bases, mask)
+    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
+    if _DEBUG:
+        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
     return tl.atomic_min(remote, val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = "acq_rel",
-               scope: tl.constexpr = "sys"):
+def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
     """Atomically keeps the maximum with ``val`` at ``peer``'s copy of ``ptr``; returns the old value.
 
     Example::
 
         old = trident.atomic_max(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote, mask = translate_masked(ptr, rank, peer, heap_bases, mask)
+    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
+    if _DEBUG:
+        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
     return tl.atomic_max(remote, val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = "acq_rel",
-               scope: tl.constexpr = "sys"):
+def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
     """Atomically store ``val`` at ``peer``'s copy of ``ptr`` if it holds ``cmp``; returns the old value.
 
     Example::
@@ -136,9 +152,10 @@ def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = "acq_r
         old = trident.atomic_cas(lock_ptr, 0, 1, rank, peer, heap_bases, sem="acquire")
         got_lock = old == 0
     """
-    remote, inside = translate_masked(ptr, rank, peer, heap_bases, None)
+    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
     if _DEBUG:
         # tl.atomic_cas takes no mask: send lanes outside the heap to a scratch word instead.
+        inside = heap_mask(ptr, rank, peer, heap_bases, None)
         scratch = (control_block(rank, heap_bases) + _SCRATCH).to(remote.dtype, bitcast=True)
         remote = tl.where(inside, remote, scratch)
     return tl.atomic_cas(remote, cmp, val, sem=sem, scope=scope)

@@ -63,11 +63,11 @@ def translate(ptr, rank, peer, heap_bases):
     """
     if _DEBUG:
         _check_in_heap(ptr, rank, peer, heap_bases, None)
-    return ptr + _distance(ptr, rank, peer, heap_bases)
+    return ptr + peer_offset(ptr, rank, peer, heap_bases)
 
 
 @triton.jit
-def _distance(ptr, rank, peer, heap_bases):
+def peer_offset(ptr, rank, peer, heap_bases):
     """Elements between my heap base and ``peer``'s, with its alignment promised to the compiler."""
     ELEM_BYTES: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
     distance = (tl.load(heap_bases + peer) - tl.load(heap_bases + rank)) // ELEM_BYTES
@@ -118,15 +118,16 @@ def record_fault(ctrl, kind, rank, peer, offset, expected, observed):
 
 
 @triton.jit
-def translate_masked(ptr, rank, peer, heap_bases, mask):
-    """``translate`` plus the mask to use with it: in debug mode, lanes outside the heap are masked off."""
-    if _DEBUG:
-        inside = _check_in_heap(ptr, rank, peer, heap_bases, mask)
-        if mask is None:
-            mask = inside
-        else:
-            mask = mask & inside
-    return ptr + _distance(ptr, rank, peer, heap_bases), mask
+def heap_mask(ptr, rank, peer, heap_bases, mask):
+    """Debug mode: ``mask`` narrowed to the lanes whose address stays inside the heap.
+
+    A lane outside it is reported (first fault wins) and skipped, so a bad index cannot
+    corrupt a peer's memory. Call only under ``if DEBUG:`` (it returns a tensor).
+    """
+    inside = _check_in_heap(ptr, rank, peer, heap_bases, mask)
+    if mask is not None:
+        inside = inside & mask
+    return inside
 
 
 @triton.jit
@@ -145,7 +146,9 @@ def load(ptr, rank, peer, heap_bases, mask=None, other=None):
 
         x = trident.load(x_ptr + offs, rank, (rank + 1) % world, heap_bases, mask=offs < n)
     """
-    remote, mask = translate_masked(ptr, rank, peer, heap_bases, mask)
+    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
+    if _DEBUG:
+        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
     return tl.load(remote, mask=mask, other=other)
 
 
@@ -157,7 +160,9 @@ def store(ptr, value, rank, peer, heap_bases, mask=None):
 
         trident.store(y_ptr + offs, x, rank, peer, heap_bases, mask=offs < n)
     """
-    remote, mask = translate_masked(ptr, rank, peer, heap_bases, mask)
+    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
+    if _DEBUG:
+        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
     tl.store(remote, value, mask=mask)
 
 
@@ -169,7 +174,9 @@ def get(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None):
 
         trident.get(x_ptr + offs, y_ptr + offs, rank, peer, heap_bases, mask=offs < n)
     """
-    remote, mask = translate_masked(src_ptr, rank, peer, heap_bases, mask)
+    remote = src_ptr + peer_offset(src_ptr, rank, peer, heap_bases)
+    if _DEBUG:
+        mask = heap_mask(src_ptr, rank, peer, heap_bases, mask)
     tl.store(dst_ptr, tl.load(remote, mask=mask), mask=mask)
 
 
@@ -181,7 +188,9 @@ def put(src_ptr, dst_ptr, rank, peer, heap_bases, mask=None):
 
         trident.put(x_ptr + offs, y_ptr + offs, rank, peer, heap_bases, mask=offs < n)
     """
-    remote, mask = translate_masked(dst_ptr, rank, peer, heap_bases, mask)
+    remote = dst_ptr + peer_offset(dst_ptr, rank, peer, heap_bases)
+    if _DEBUG:
+        mask = heap_mask(dst_ptr, rank, peer, heap_bases, mask)
     tl.store(remote, tl.load(src_ptr, mask=mask), mask=mask)
 
 
@@ -196,8 +205,8 @@ def copy(src_ptr, dst_ptr, src_rank, dst_rank, rank, heap_bases, mask=None):
         # rank 0 moves a block from rank 1 to rank 2
         trident.copy(x_ptr + offs, y_ptr + offs, 1, 2, rank, heap_bases, mask=offs < n)
     """
-    src, src_mask = translate_masked(src_ptr, rank, src_rank, heap_bases, mask)
-    dst, dst_mask = translate_masked(dst_ptr, rank, dst_rank, heap_bases, mask)
-    if _DEBUG:
-        mask = src_mask & dst_mask  # a lane runs only if both of its ends are inside the heap
+    src = src_ptr + peer_offset(src_ptr, rank, src_rank, heap_bases)
+    dst = dst_ptr + peer_offset(dst_ptr, rank, dst_rank, heap_bases)
+    if _DEBUG:  # a lane runs only if both of its ends are inside the heap
+        mask = heap_mask(dst_ptr, rank, dst_rank, heap_bases, heap_mask(src_ptr, rank, src_rank, heap_bases, mask))
     tl.store(dst, tl.load(src, mask=mask), mask=mask)

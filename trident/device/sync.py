@@ -30,8 +30,8 @@ _ERR_ABORTED = tl.constexpr(layout.ERR_ABORTED)
 
 
 @triton.jit
-def signal(flag_ptr, value, rank, peer, heap_bases, op: tl.constexpr = "set", mask=None,
-           sem: tl.constexpr = "release", scope: tl.constexpr = "sys"):
+def signal(flag_ptr, value, rank, peer, heap_bases, op: tl.constexpr = tl.constexpr("set"), mask=None,
+           sem: tl.constexpr = tl.constexpr("release"), scope: tl.constexpr = tl.constexpr("sys")):
     """Set (``op="set"``) or add to (``op="add"``) ``peer``'s copy of a flag; returns the old value.
 
     With the default ``sem="release"`` every store the caller made before the signal is visible
@@ -110,8 +110,8 @@ def _lowest(x):
 
 
 @triton.jit
-def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = "eq", mask=None,
-         sem: tl.constexpr = "acquire", scope: tl.constexpr = "sys"):
+def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constexpr("eq"), mask=None,
+         sem: tl.constexpr = tl.constexpr("acquire"), scope: tl.constexpr = tl.constexpr("sys")):
     """Spin until ``peer``'s copy of the flag(s) compares ``cmp`` to ``value``; returns what was seen.
 
     Usually ``peer == rank``: a rank waits on its own flag, which peers ``signal``. For a block of

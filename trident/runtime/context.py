@@ -39,6 +39,14 @@ def _env_seconds(name: str, default: float) -> float:
     return value
 
 
+def _span_bytes(t: torch.Tensor) -> int:
+    """Bytes from a tensor's first element to one past its last (0 when empty)."""
+    if t.numel() == 0:
+        return 0
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return (last + 1) * t.element_size()
+
+
 def init(heap_size: int = DEFAULT_HEAP_SIZE, backend: str | None = None, *, timeout: float | None = None,
          wait_timeout: float | None = None) -> Context:
     """Create this rank's symmetric heap and map every peer's; collective over all ranks.
@@ -218,9 +226,7 @@ class Context(TensorFactory):
                 raise ValueError(f"ctx.{what}: out has shape {tuple(out.shape)} and dtype {out.dtype}, "
                                  f"expected {tuple(meta.shape)} and {meta.dtype} (heap tensors cannot be resized)")
             return out
-        span = 0
-        if meta.numel() > 0:
-            span = (sum((n - 1) * s for n, s in zip(meta.shape, meta.stride())) + 1) * meta.element_size()
+        span = _span_bytes(meta)
         description = f"ctx.{what}(shape={tuple(meta.shape)}, dtype={meta.dtype})"
         block = self._allocator.allocate(span, description)
         self._debug_check_in_step(description)
@@ -283,10 +289,7 @@ class Context(TensorFactory):
         if not isinstance(tensor, torch.Tensor) or tensor.device != self._heap.device:
             return False
         start = tensor.data_ptr() - self._heap.data_ptr()
-        span = 0
-        if tensor.numel() > 0:
-            span = (sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride())) + 1) * tensor.element_size()
-        return layout.CONTROL_BYTES <= start and start + span <= self.heap_size
+        return layout.CONTROL_BYTES <= start and start + _span_bytes(tensor) <= self.heap_size
 
     def _require_symmetric(self, tensor, where: str) -> None:
         if not self.is_symmetric(tensor):

@@ -1,0 +1,156 @@
+"""Testing multi-rank code: a pool of rank processes that stays up between tests.
+
+Starting processes and importing torch costs seconds per rank, far more than a small test,
+so a :class:`RankPool` starts ``world_size`` processes once, gives each an open
+:class:`trident.Context`, and then runs any picklable function ``fn(ctx, *args)`` on every
+rank, returning the per-rank results. After each task the heap allocations the task made are
+released and device faults cleared, so tasks do not see each other's leftovers. A task that
+fails on any rank (or leaves the ranks' heaps out of step) gets the pool restarted, since the
+other ranks may be stuck waiting for the failed one.
+
+Example (pytest)::
+
+    def _body(ctx, n):
+        x = ctx.full((n,), ctx.rank)
+        ctx.barrier()
+        return ctx.peer_view(x, (ctx.rank + 1) % ctx.world_size).tolist()
+
+    def test_neighbour(pool):
+        results = pool.run(_body, 4)
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import traceback
+
+from .errors import TridentError
+from .runtime.launch import rank_environment
+from .runtime.rendezvous import free_port
+
+
+class RankFailure(TridentError):
+    """A task failed on one or more ranks; the message holds every failing rank's traceback."""
+
+
+def _worker(rank: int, world_size: int, port: int, env: dict, init_kwargs: dict, conn) -> None:
+    os.environ.update(env)
+    os.environ.update(rank_environment(rank, world_size, port))
+    try:
+        import trident
+
+        ctx = trident.init(**init_kwargs)
+    except BaseException:
+        conn.send((False, traceback.format_exc(), ""))
+        return
+    conn.send((True, None, ctx._allocator.digest))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            break
+        if message is None:
+            break
+        before = {b.offset for b in ctx._allocator.live_blocks()}
+        try:
+            fn, args = pickle.loads(message)
+            reply = (True, fn(ctx, *args))
+        except BaseException:
+            reply = (False, traceback.format_exc())
+        # Give back what the task allocated, in offset order on every rank, and forget its faults.
+        for block in ctx._allocator.live_blocks():
+            if block.offset not in before:
+                ctx._allocator.free(block.offset)
+        try:
+            ctx._control.take_fault()
+            ctx._control.set_abort(False)
+        except Exception:
+            pass
+        try:
+            conn.send((*reply, ctx._allocator.digest))
+        except Exception:  # an unpicklable result
+            conn.send((False, traceback.format_exc(), ctx._allocator.digest))
+    ctx.close()
+
+
+class RankPool:
+    """``world_size`` rank processes with open contexts, reused across tasks.
+
+    Args:
+        world_size: number of ranks.
+        env: extra environment variables for the ranks (e.g. ``{"TRIDENT_DEBUG": "1"}``); they are
+            set before the ranks import trident.
+        **init_kwargs: passed to :func:`trident.init` (heap_size, wait_timeout, timeout, ...).
+    """
+
+    def __init__(self, world_size: int, env: dict | None = None, **init_kwargs):
+        self.world_size = world_size
+        self.env = dict(env or {})
+        self.init_kwargs = init_kwargs
+        self._procs: list = []
+        self._conns: list = []
+
+    def _start(self, timeout: float) -> None:
+        method = mp.get_context("spawn")
+        port = free_port()
+        for rank in range(self.world_size):
+            parent, child = method.Pipe()
+            proc = method.Process(target=_worker, daemon=True,
+                                  args=(rank, self.world_size, port, self.env, self.init_kwargs, child))
+            proc.start()
+            child.close()
+            self._procs.append(proc)
+            self._conns.append(parent)
+        self._collect(timeout, "start-up")
+
+    def _collect(self, timeout: float, what: str) -> list:
+        results, failures, digests = [None] * self.world_size, [], set()
+        for rank, conn in enumerate(self._conns):
+            if not conn.poll(timeout):
+                self.close(force=True)
+                raise RankFailure(f"rank {rank} did not finish {what} within {timeout:g} s")
+            try:
+                ok, value, digest = conn.recv()
+            except EOFError:
+                self.close(force=True)
+                raise RankFailure(f"rank {rank} died during {what}") from None
+            digests.add(digest)
+            if ok:
+                results[rank] = value
+            else:
+                failures.append(f"--- rank {rank} ---\n{value}")
+                timeout = min(timeout, 5.0)  # the others may be stuck waiting for this one
+        if failures or len(digests) > 1:
+            self.close(force=True)
+        if failures:
+            raise RankFailure(f"{what} failed on {len(failures)} rank(s):\n" + "\n".join(failures))
+        return results
+
+    def run(self, fn, *args, timeout: float = 300.0) -> list:
+        """Run ``fn(ctx, *args)`` on every rank; return ``[result of rank 0, rank 1, ...]``.
+
+        Raises:
+            RankFailure: ``fn`` raised on some rank, a rank died, or the task outran ``timeout``.
+        """
+        if not self._procs:
+            self._start(timeout)
+        payload = pickle.dumps((fn, args))
+        for conn in self._conns:
+            conn.send(payload)
+        return self._collect(timeout, f"{getattr(fn, '__name__', 'task')}")
+
+    def close(self, force: bool = False) -> None:
+        """Stop the rank processes: ask them to close their contexts, or kill them (``force``)."""
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except Exception:
+                pass
+        for proc in self._procs:
+            proc.join(timeout=0 if force else 10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        self._procs, self._conns = [], []
