@@ -35,8 +35,7 @@ class RankFailure(TridentError):
     """A task failed on one or more ranks; the message holds every failing rank's traceback."""
 
 
-def _worker(rank: int, world_size: int, port: int, env: dict, init_kwargs: dict, conn) -> None:
-    os.environ.update(env)
+def _worker(rank: int, world_size: int, port: int, init_kwargs: dict, conn) -> None:
     os.environ.update(rank_environment(rank, world_size, port))
     try:
         import trident
@@ -95,14 +94,25 @@ class RankPool:
     def _start(self, timeout: float) -> None:
         method = mp.get_context("spawn")
         port = free_port()
-        for rank in range(self.world_size):
-            parent, child = method.Pipe()
-            proc = method.Process(target=_worker, daemon=True,
-                                  args=(rank, self.world_size, port, self.env, self.init_kwargs, child))
-            proc.start()
-            child.close()
-            self._procs.append(proc)
-            self._conns.append(parent)
+        # The children import trident while unpickling their target, before any code of ours runs
+        # there, so variables read at import (TRIDENT_DEBUG, TRIDENT_BACKEND) must be inherited.
+        saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+        try:
+            for rank in range(self.world_size):
+                parent, child = method.Pipe()
+                proc = method.Process(target=_worker, daemon=True,
+                                      args=(rank, self.world_size, port, self.init_kwargs, child))
+                proc.start()
+                child.close()
+                self._procs.append(proc)
+                self._conns.append(parent)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         self._collect(timeout, "start-up")
 
     def _collect(self, timeout: float, what: str) -> list:

@@ -1,11 +1,13 @@
 """Small fixes to Triton's CPU interpreter, applied only when the simulator runs.
 
-Triton 3.6's interpreter cannot run ``for p in range(world)`` (nor ``tl.range``) when ``world``
-is a kernel argument: it turns scalar arguments into one-element numpy arrays, and its
-``tensor.__index__`` calls ``int()`` on them, which numpy 2 refuses for arrays with a dimension.
-Kernels that loop over peers are the bread and butter of multi-GPU code, so the simulator
-makes ``__index__`` take the array's single item. Newer Triton releases do not need this; the
-fix is applied only where the bug is present.
+1. Triton 3.6's interpreter cannot run ``for p in range(world)`` (nor ``tl.range``) when
+   ``world`` is a kernel argument: it turns scalar arguments into one-element numpy arrays, and
+   its ``tensor.__index__`` calls ``int()`` on them, which numpy 2 refuses for arrays with a
+   dimension. Kernels that loop over peers are the bread and butter of multi-GPU code, so the
+   simulator makes ``__index__`` take the array's single item (only where the bug is present).
+2. The interpreter's atomics lack some types GPUs have (bf16 ``atomic_add``, fp32
+   ``atomic_xchg``: "Unsupported data type"). The simulator runs those as compare-and-swap loops
+   on the raw bits, which stay real atomics across rank processes.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def apply() -> None:
     from triton.runtime import interpreter
 
     try:
+        _install_atomic_fallbacks(interpreter)
         needed = _needs_index_fix()
     except AttributeError:  # a Triton whose interpreter is laid out differently: leave it alone
         return
@@ -53,3 +56,56 @@ def apply() -> None:
         scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).item()))
 
     interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _f32_to_bf16(values: np.ndarray) -> np.ndarray:
+    bits = values.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+
+
+def _cas_loop_rmw(ptrs, vals, mask, sem, combine, bits_dtype):
+    """Atomic read-modify-write of each masked lane as a CAS retry loop; returns the old values."""
+    from triton._C.libtriton import interpreter as native
+
+    pending = np.array(mask, dtype=bool, copy=True)
+    old = np.zeros_like(vals)
+    current = native.load(ptrs, pending, np.zeros_like(vals), vals.dtype)
+    while pending.any():
+        lanes = np.nonzero(pending)[0]
+        expected = current[lanes]
+        desired = combine(expected, vals[lanes])
+        seen = native.atomic_cas(ptrs[lanes], expected.view(bits_dtype), desired.view(bits_dtype), sem)
+        seen = seen.view(vals.dtype)
+        won = seen.view(bits_dtype) == expected.view(bits_dtype)
+        old[lanes[won]] = seen[won]
+        pending[lanes[won]] = False
+        current[lanes[~won]] = seen[~won]
+    return old
+
+
+def _install_atomic_fallbacks(interpreter) -> None:
+    import triton.language as tl
+    from triton._C.libtriton import interpreter as native
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_atomic_rmw
+
+    def create_atomic_rmw(self, rmwOp, ptr, val, mask, sem, scope):
+        op = self.ir_rmw_op_to_interpreter_rmw_op.get(rmwOp)
+        scalar = val.dtype.scalar
+        if scalar == tl.bfloat16 and op == native.RMW_OP.FADD:
+            combine = lambda old, v: _f32_to_bf16(_bf16_to_f32(old) + _bf16_to_f32(v))  # noqa: E731
+            bits = np.uint16
+        elif scalar == tl.float32 and op == native.RMW_OP.XCHG:
+            combine, bits = (lambda old, v: v), np.uint32
+        else:
+            return original(self, rmwOp, ptr, val, mask, sem, scope)
+        flat = [np.ravel(a) for a in (ptr.data, val.data, mask.data)]
+        old = _cas_loop_rmw(*flat, self.ir_sem_to_interpreter_sem[sem], combine, bits)
+        return interpreter.TensorHandle(old.reshape(np.shape(val.data)), scalar)
+
+    builder.create_atomic_rmw = create_atomic_rmw

@@ -49,7 +49,12 @@ def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
     remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
     if _DEBUG:
         mask = heap_mask(ptr, rank, peer, heap_bases, mask)
-    return tl.atomic_add(remote, -val, mask=mask, sem=sem, scope=scope)
+    IS_BF16: tl.constexpr = ptr.dtype.element_ty == tl.bfloat16
+    if IS_BF16:
+        negated = -tl.cast(val, tl.float32)  # exact; bf16 negation is unsupported by Triton's CPU interpreter
+    else:
+        negated = -val
+    return tl.atomic_add(remote, negated, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
