@@ -1,0 +1,126 @@
+"""Allocation on the symmetric heap and questions about heap tensors (a mixin of Context)."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import layout
+from ..errors import NotSymmetricError
+from .creation import TensorFactory
+
+
+def _span_bytes(t: torch.Tensor) -> int:
+    """Bytes from a tensor's first element to one past its last (0 when empty)."""
+    if t.numel() == 0:
+        return 0
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return (last + 1) * t.element_size()
+
+
+class SymmetricHeapMixin(TensorFactory):
+    """Places tensors on this rank's heap; needs the Context's allocator, heaps and rank."""
+
+    def _place(self, meta: torch.Tensor, what: str, out, device) -> torch.Tensor:
+        """Reserve heap bytes for a tensor shaped like ``meta`` (or reuse ``out``)."""
+        self._check_open()
+        if device is not None and not self._same_device(torch.device(device)):
+            raise ValueError(f"rank {self.rank}: ctx.{what}: heap tensors live on {self.device}, "
+                             f"got device={device!r}")
+        if meta.layout != torch.strided:
+            raise ValueError(f"ctx.{what}: only strided tensors live on the heap, got layout={meta.layout}")
+        if out is not None:
+            self._require_symmetric(out, f"ctx.{what}(out=...)")
+            if out.shape != meta.shape or out.dtype != meta.dtype:
+                raise ValueError(f"ctx.{what}: out has shape {tuple(out.shape)} and dtype {out.dtype}, "
+                                 f"expected {tuple(meta.shape)} and {meta.dtype} (heap tensors cannot be resized)")
+            return out
+        span = _span_bytes(meta)
+        description = f"ctx.{what}(shape={tuple(meta.shape)}, dtype={meta.dtype})"
+        block = self._allocator.allocate(span, description)
+        self._debug_check_in_step(description)
+        flat = self._heap[block.offset:block.offset + span]
+        return flat.view(meta.dtype).as_strided(meta.shape, meta.stride())
+
+    def _same_device(self, device: torch.device) -> bool:
+        if device.type != self.device.type:
+            return False
+        return device.index is None or self.device.index is None or device.index == self.device.index
+
+    def free(self, *tensors: torch.Tensor) -> None:
+        """Give tensors' heap memory back (collective: free the same tensors on every rank).
+
+        Each tensor must be one returned by a creation function (or a view starting where it
+        starts). Using a tensor after freeing it reads memory a later allocation may reuse.
+
+        Example::
+
+            tmp = ctx.empty(1 << 20)
+            ctx.free(tmp)
+        """
+        self._check_open()
+        for t in tensors:
+            self._require_symmetric(t, "ctx.free")
+            offset = t.data_ptr() - self._heap.data_ptr()
+            if self._allocator.block_at(offset) is None:
+                inside = self._allocator.block_containing(offset)
+                where = (f"it starts {offset - inside.offset} bytes into the allocation at {inside.offset:#x}; "
+                         f"free the tensor that allocation returned" if inside else "already freed?")
+                raise ValueError(f"rank {self.rank}: ctx.free: no allocation starts at heap offset "
+                                 f"{offset:#x} ({where})")
+            self._allocator.free(offset)
+            self._debug_check_in_step(f"ctx.free(offset={offset:#x})")
+
+    def memory_stats(self) -> dict[str, int]:
+        """Heap usage of this rank, in bytes (the same on every rank when in step).
+
+        Example::
+
+            print(ctx.memory_stats()["free_bytes"])
+        """
+        self._check_open()
+        a = self._allocator
+        return {
+            "heap_size": self.heap_size, "reserved_bytes": layout.CONTROL_BYTES,
+            "allocated_bytes": a.allocated_bytes, "free_bytes": a.free_bytes,
+            "largest_free_block": a.largest_free_block, "peak_allocated_bytes": a.peak,
+            "num_allocations": len(a.live_blocks()),
+        }
+
+    def is_symmetric(self, tensor) -> bool:
+        """True when every byte of ``tensor`` lies in this rank's symmetric heap.
+
+        Example::
+
+            assert ctx.is_symmetric(ctx.zeros(4)) and not ctx.is_symmetric(torch.zeros(4))
+        """
+        self._check_open()
+        if not isinstance(tensor, torch.Tensor) or tensor.device != self._heap.device:
+            return False
+        start = tensor.data_ptr() - self._heap.data_ptr()
+        return layout.CONTROL_BYTES <= start and start + _span_bytes(tensor) <= self.heap_size
+
+    def _require_symmetric(self, tensor, where: str) -> None:
+        if not self.is_symmetric(tensor):
+            got = (f"a {type(tensor).__name__}" if not isinstance(tensor, torch.Tensor)
+                   else f"a tensor on {tensor.device} outside the heap")
+            raise NotSymmetricError(
+                f"rank {self.rank}: {where} needs a symmetric tensor (made by ctx.zeros/empty/...), got {got}. "
+                f"Results of arithmetic on heap tensors are new tensors off the heap: use in-place ops, "
+                f"out=, or ctx.as_symmetric(t)."
+            )
+
+    def peer_view(self, tensor: torch.Tensor, peer: int) -> torch.Tensor:
+        """A host-side view of ``peer``'s copy of a symmetric tensor (for checks and staging).
+
+        Reads see what the peer's kernels wrote once both sides have passed a ``barrier()``.
+
+        Example::
+
+            ctx.barrier()
+            left = ctx.peer_view(x, (ctx.rank - 1) % ctx.world_size).clone()
+        """
+        self._require_symmetric(tensor, "ctx.peer_view")
+        if not 0 <= peer < self.world_size:
+            raise ValueError(f"peer={peer} is not a rank of this job (world size {self.world_size})")
+        offset = tensor.data_ptr() - self._heap.data_ptr()
+        return self._heaps[peer][offset:].view(tensor.dtype).as_strided(tensor.shape, tensor.stride())
