@@ -139,8 +139,8 @@ def contention_kernel(counter_ptr, world_size, rank, heap_bases, ROUNDS: tl.cons
             trident.atomic_add(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed", scope="sys")
 
 
-def _contention_body(ctx):
-    counter = ctx.zeros(1, dtype=torch.int64)
+def _contention_body(ctx, dtype):
+    counter = ctx.zeros(1, dtype=dtype)
     ctx.barrier()
     programs, rounds = 4, 3
     contention_kernel[(programs,)](counter, ctx.world_size, ctx.rank, ctx.heap_bases, ROUNDS=rounds)
@@ -148,6 +148,8 @@ def _contention_body(ctx):
     return counter.item(), programs * rounds * ctx.world_size
 
 
-def test_atomic_add_under_contention_counts_exactly(pool):
-    for got, want in pool.run(_contention_body):
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_atomic_add_under_contention_counts_exactly(pool, dtype):
+    # Every count is exact in each dtype; a non-atomic add across rank processes would lose some.
+    for got, want in pool.run(_contention_body, dtype):
         assert got == want

@@ -6,8 +6,11 @@
    dimension. Kernels that loop over peers are the bread and butter of multi-GPU code, so the
    simulator makes ``__index__`` take the array's single item (only where the bug is present).
 2. The interpreter's atomics lack some types GPUs have (bf16 ``atomic_add``, fp32
-   ``atomic_xchg``: "Unsupported data type"). The simulator runs those as compare-and-swap loops
-   on the raw bits, which stay real atomics across rank processes.
+   ``atomic_xchg``: "Unsupported data type"), and it adds fp16 under a lock private to one
+   process, which is no atomic across ranks. The simulator runs those three as compare-and-swap
+   loops on the raw bits, which are real atomics across rank processes.
+3. Casts between bf16 and anything but fp32 (``x.to(tl.bfloat16)`` of an int, a Python scalar
+   given to a bf16 atomic) reinterpret the number as raw bf16 bits; the simulator goes through fp32.
 """
 
 from __future__ import annotations
@@ -100,6 +103,8 @@ def _install_atomic_fallbacks(interpreter) -> None:
         if scalar == tl.bfloat16 and op == native.RMW_OP.FADD:
             combine = lambda old, v: _f32_to_bf16(_bf16_to_f32(old) + _bf16_to_f32(v))  # noqa: E731
             bits = np.uint16
+        elif scalar == tl.float16 and op == native.RMW_OP.FADD:
+            combine, bits = (lambda old, v: (old + v).astype(np.float16)), np.uint16
         elif scalar == tl.float32 and op == native.RMW_OP.XCHG:
             combine, bits = (lambda old, v: v), np.uint32
         else:
@@ -109,3 +114,15 @@ def _install_atomic_fallbacks(interpreter) -> None:
         return interpreter.TensorHandle(old.reshape(np.shape(val.data)), scalar)
 
     builder.create_atomic_rmw = create_atomic_rmw
+    original_cast = builder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
+        if dst_ty == tl.bfloat16 and src_ty not in (tl.bfloat16, tl.float32):
+            return interpreter.TensorHandle(_f32_to_bf16(np.asarray(src.data).astype(np.float32)), dst_ty)
+        if src_ty == tl.bfloat16 and dst_ty not in (tl.bfloat16, tl.float32):
+            values = _bf16_to_f32(np.asarray(src.data))
+            return original_cast(self, interpreter.TensorHandle(values, tl.float32), dst_type)
+        return original_cast(self, src, dst_type)
+
+    builder.cast_impl = cast_impl

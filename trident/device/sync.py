@@ -34,14 +34,18 @@ def signal(flag_ptr, value, rank, peer, heap_bases, op: tl.constexpr = tl.conste
            sem: tl.constexpr = tl.constexpr("release"), scope: tl.constexpr = tl.constexpr("sys")):
     """Set (``op="set"``) or add to (``op="add"``) ``peer``'s copy of a flag; returns the old value.
 
-    With the default ``sem="release"`` every store the caller made before the signal is visible
-    to a peer that acquires the flag (``wait``) and sees the new value.
+    With the default ``sem="release"`` every store the program made before the signal (all its
+    threads: ``signal`` starts with a CTA barrier) is visible to a peer that acquires the flag
+    (``wait``) and sees the new value.
 
     Example::
 
         trident.signal(ready_ptr + tile, 1, rank, peer, heap_bases)
     """
     tl.static_assert(op == "set" or op == "add", "signal: op must be 'set' or 'add'")
+    # A scalar atomic is issued by one thread: a CTA barrier first puts every thread's earlier
+    # stores before it, so the release publishes the whole program's data, not one thread's.
+    tl.debug_barrier()
     if op == "set":
         old = atomic_xchg(flag_ptr, value, rank, peer, heap_bases, mask=mask, sem=sem, scope=scope)
     else:
@@ -92,13 +96,10 @@ def _summary(seen, value, cmp: tl.constexpr, mask):
 
 
 @triton.jit
-def _poll(ptr, mask):
-    """A load that bypasses the L1 cache, so a peer's store is seen as soon as it lands."""
-    if mask is None:
-        value = tl.load(ptr, volatile=True)
-    else:
-        value = tl.load(ptr, mask=mask, other=0, volatile=True)
-    return value
+def _poll(ptr, mask, sem: tl.constexpr, scope: tl.constexpr):
+    """An ordered read of the flag(s): an atomic add of 0, which the GPU build turns into an
+    ``ld.acquire`` (with ``sem="acquire"``). Its value feeds the loop, so it is never dropped."""
+    return tl.atomic_add(ptr, 0, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
@@ -115,9 +116,10 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
     """Spin until ``peer``'s copy of the flag(s) compares ``cmp`` to ``value``; returns what was seen.
 
     Usually ``peer == rank``: a rank waits on its own flag, which peers ``signal``. For a block of
-    flags it waits until every lane (under ``mask``) is satisfied. Flags are integers. After the
-    condition holds, one ``sem``-ordered atomic read makes the signaller's earlier stores visible
-    (acquire by default). The flag must not leave the awaited state until the waiter has returned.
+    flags it waits until every lane (under ``mask``) is satisfied. Flags are integers. Every poll
+    is a ``sem``-ordered read (acquire by default), and a CTA barrier at the end extends that
+    order to the whole program: after ``wait`` returns, every thread sees what the signaller
+    stored before its release.
 
     Gives up after ``ctx.wait_timeout`` seconds or when the host calls ``ctx.abort()``: the
     fault is recorded for the host to raise (the simulator raises at once) and the wait returns.
@@ -130,7 +132,7 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
     tl.static_assert(flag_ptr.dtype.element_ty.is_int(), "trident.wait: flags must be integers")
     remote = translate(flag_ptr, rank, peer, heap_bases)
     ctrl = control_block(rank, heap_bases)
-    seen = _poll(remote, mask)
+    seen = _poll(remote, mask, sem, scope)
     done = _all(_meets(seen, value, cmp), mask)
     if done == 0:
         timeout_ns = tl.load(ctrl + _WAIT_TIMEOUT_NS)
@@ -139,7 +141,7 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
         aborted = done
         while (done == 0) & (gave_up == 0):
             backoff()
-            seen = _poll(remote, mask)
+            seen = _poll(remote, mask, sem, scope)
             done = _all(_meets(seen, value, cmp), mask)
             aborted = tl.load(ctrl + _ABORT, volatile=True) != 0
             gave_up = (done == 0) & (aborted | (now_ns() - start > timeout_ns))
@@ -149,5 +151,7 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
             on_wait_timeout(rank, peer, offset, value, last, timeout_ns, aborted)
             record_fault(ctrl, tl.where(aborted, _ERR_ABORTED, _ERR_WAIT_TIMEOUT), rank, peer, offset,
                          value, last)
-    # One ordered read after the condition held: the acquire that publishes the signaller's stores.
-    return tl.atomic_add(remote, tl.zeros_like(seen), mask=mask, sem=sem, scope=scope)
+    # The acquire was made by the thread(s) that read the flag; a CTA barrier extends it to every
+    # thread of the program, so all of them see the signaller's data.
+    tl.debug_barrier()
+    return seen
