@@ -8,6 +8,7 @@ store directly, instead of a collective, lets every timeout name the ranks that 
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import socket
@@ -72,7 +73,16 @@ def join_process_group(backend: str, timeout: float) -> tuple[dist.Store, int, i
     torch_backend = "cpu:gloo,cuda:nccl" if backend == "cuda" else "gloo"
     dist.init_process_group(torch_backend, store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=max(timeout, 60)))
+    atexit.register(_destroy_process_group)  # the group is ours: tidy it away at exit
     return dist.distributed_c10d._get_default_store(), rank, world, local_rank
+
+
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # a peer may already be gone; nothing left to protect at exit
+            pass
 
 
 def _check_world_size(store: dist.Store, rank: int, world: int, timeout: float) -> None:
