@@ -71,12 +71,17 @@ class CudaBackend(HeapBackend):
 
     name = "cuda"
 
-    def __init__(self, rank: int, local_rank: int):
+    @staticmethod
+    def require_gpu() -> None:
+        """Raise a clear error when torch sees no CUDA GPU."""
         if not torch.cuda.is_available():
             raise BackendUnavailableError(
                 "backend 'cuda' was requested but torch sees no CUDA GPU; use TRIDENT_BACKEND=sim "
                 "(or leave TRIDENT_BACKEND unset) to run on the CPU simulator"
             )
+
+    def __init__(self, rank: int, local_rank: int):
+        self.require_gpu()
         self.index = local_rank % torch.cuda.device_count()
         self.device = torch.device("cuda", self.index)
         torch.cuda.set_device(self.device)

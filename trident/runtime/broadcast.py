@@ -13,7 +13,7 @@ def broadcast_tensor(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
     """Overwrite ``tensor`` on every rank with ``src``'s (see :meth:`Context.broadcast`)."""
     offset = None
     if ctx.is_symmetric(tensor) and tensor.is_contiguous():
-        offset = tensor.data_ptr() - ctx.heap_bases_host[ctx.rank]
+        offset = ctx.heap_offset(tensor)
     mine = (tuple(tensor.shape), str(tensor.dtype), offset)
     everyone = [pickle.loads(v) for v in ctx._rendezvous.all_gather("broadcast metadata", pickle.dumps(mine))]
     shapes = {(shape, dtype) for shape, dtype, _ in everyone}
@@ -21,7 +21,7 @@ def broadcast_tensor(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
         listing = ", ".join(f"rank {r}: shape {s} {d}" for r, (s, d, _) in enumerate(everyone))
         raise DivergenceError(f"rank {ctx.rank}: ctx.broadcast needs the same shape and dtype on every rank; "
                               f"got {listing}")
-    if ctx.world_size == 1:
+    if ctx.world_size == 1 or tensor.numel() == 0:
         return tensor
     # Read straight from src's heap when every rank's tensor is the same symmetric tensor;
     # otherwise src stages its data in a temporary symmetric tensor.

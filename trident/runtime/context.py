@@ -25,17 +25,21 @@ DEFAULT_HEAP_SIZE = 1 << 30
 _context_ids = itertools.count()
 
 
-def _env_seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise ValueError(f"{name}={raw!r} must be a positive number of seconds")
-    return value
+def _seconds(name: str, value, variable: str, default: float = 30.0) -> float:
+    """A positive number of seconds: the argument, else the environment variable, else the default."""
+    source = f"{name}={value!r}"
+    if value is None:
+        raw = os.environ.get(variable)
+        if raw is None:
+            return default
+        source = f"{variable}={raw!r}"
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"{source} is not a number of seconds") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{source} must be a positive number of seconds")
+    return float(value)
 
 
 def init(heap_size: int = DEFAULT_HEAP_SIZE, backend: str | None = None, *, timeout: float | None = None,
@@ -79,8 +83,12 @@ def init(heap_size: int = DEFAULT_HEAP_SIZE, backend: str | None = None, *, time
             f"Triton fixes at kernel-definition time whether kernels run on the GPU or in the CPU "
             f"interpreter. Set TRIDENT_BACKEND={name} before importing trident."
         )
-    timeout = timeout if timeout is not None else _env_seconds("TRIDENT_TIMEOUT", 30.0)
-    wait_timeout = wait_timeout if wait_timeout is not None else _env_seconds("TRIDENT_WAIT_TIMEOUT", 30.0)
+    timeout = _seconds("timeout", timeout, "TRIDENT_TIMEOUT")
+    wait_timeout = _seconds("wait_timeout", wait_timeout, "TRIDENT_WAIT_TIMEOUT")
+    if name == "cuda" and not torch.cuda.is_available():  # before joining a group that would need NCCL
+        from ..backends.cuda import CudaBackend
+
+        CudaBackend.require_gpu()
     store, rank, world, local_rank = join_process_group(name, timeout)
     if world > layout.MAX_WORLD:
         raise ValueError(f"world size {world} is larger than trident supports ({layout.MAX_WORLD})")

@@ -9,6 +9,11 @@ from ..errors import NotSymmetricError
 from .creation import TensorFactory
 
 
+def address(t: torch.Tensor) -> int:
+    """Where ``t``'s first element is (torch reports ``data_ptr() == 0`` for empty tensors)."""
+    return t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+
+
 def _span_bytes(t: torch.Tensor) -> int:
     """Bytes from a tensor's first element to one past its last (0 when empty)."""
     if t.numel() == 0:
@@ -60,7 +65,7 @@ class SymmetricHeapMixin(TensorFactory):
         self._check_open()
         for t in tensors:
             self._require_symmetric(t, "ctx.free")
-            offset = t.data_ptr() - self._heap.data_ptr()
+            offset = self.heap_offset(t)
             if self._allocator.block_at(offset) is None:
                 inside = self._allocator.block_containing(offset)
                 where = (f"it starts {offset - inside.offset} bytes into the allocation at {inside.offset:#x}; "
@@ -96,8 +101,19 @@ class SymmetricHeapMixin(TensorFactory):
         self._check_open()
         if not isinstance(tensor, torch.Tensor) or tensor.device != self._heap.device:
             return False
-        start = tensor.data_ptr() - self._heap.data_ptr()
+        start = address(tensor) - self._heap.data_ptr()
         return layout.CONTROL_BYTES <= start and start + _span_bytes(tensor) <= self.heap_size
+
+    def heap_offset(self, tensor: torch.Tensor) -> int:
+        """Byte offset of a symmetric tensor's first element from the heap base (the same on every rank).
+
+        Example::
+
+            x = ctx.zeros(16)
+            assert ctx.heap_offset(x) >= 65536   # after the control block
+        """
+        self._require_symmetric(tensor, "ctx.heap_offset")
+        return address(tensor) - self._heap.data_ptr()
 
     def _require_symmetric(self, tensor, where: str) -> None:
         if not self.is_symmetric(tensor):
@@ -122,5 +138,5 @@ class SymmetricHeapMixin(TensorFactory):
         self._require_symmetric(tensor, "ctx.peer_view")
         if not 0 <= peer < self.world_size:
             raise ValueError(f"peer={peer} is not a rank of this job (world size {self.world_size})")
-        offset = tensor.data_ptr() - self._heap.data_ptr()
+        offset = self.heap_offset(tensor)
         return self._heaps[peer][offset:].view(tensor.dtype).as_strided(tensor.shape, tensor.stride())

@@ -87,17 +87,24 @@ def _destroy_process_group() -> None:
 
 def _check_world_size(store: dist.Store, rank: int, world: int, timeout: float) -> None:
     """Every rank announces the world size it was given; a disagreement is an error, not a hang."""
-    store.set(f"trident/world_size/{rank}", str(world))
     keys = [f"trident/world_size/{r}" for r in range(world)]
     try:
+        store.set(keys[rank], str(world))
         store.wait(keys, datetime.timedelta(seconds=timeout))
+        sizes = {r: int(store.get(k)) for r, k in enumerate(keys)}
     except Exception as exc:
-        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        try:
+            missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        except Exception:  # the store itself is gone: rank 0 hosts it and has stopped
+            raise RankTimeoutError(
+                f"rank {rank}: lost the rendezvous store (hosted by rank 0) while waiting for the other ranks "
+                f"of a job of WORLD_SIZE={world}: rank 0 failed or stopped. Do all ranks have the same "
+                f"WORLD_SIZE?"
+            ) from exc
         raise RankTimeoutError(
             f"rank {rank}: timed out after {timeout:g} s waiting for ranks {missing} to join a job of "
             f"WORLD_SIZE={world}. Did they start, crash, or get a different WORLD_SIZE?"
         ) from exc
-    sizes = {r: int(store.get(k)) for r, k in enumerate(keys)}
     if len(set(sizes.values())) > 1:
         raise DivergenceError(f"rank {rank}: ranks disagree on WORLD_SIZE: {sizes}")
 
