@@ -163,4 +163,6 @@ def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = tl.con
         inside = heap_mask(ptr, rank, peer, heap_bases, None)
         scratch = (control_block(rank, heap_bases) + _SCRATCH).to(remote.dtype, bitcast=True)
         remote = tl.where(inside, remote, scratch)
-    return tl.atomic_cas(remote, cmp, val, sem=sem, scope=scope)
+    # Unlike the other atomics, tl.atomic_cas does not convert its operands: match the pointer's type.
+    elem = ptr.dtype.element_ty
+    return tl.atomic_cas(remote, tl.cast(cmp, elem), tl.cast(val, elem), sem=sem, scope=scope)
