@@ -15,7 +15,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   echo "pytest exit: $?"
 fi
 if [ "$what" = examples ] || [ "$what" = all ]; then
-  for n in 2 4; do
+  for n in ${EXAMPLE_RANKS:-2 4}; do
     for e in demo load_store put_get atomics message_passing; do
       echo "== examples/$e.py on $n ranks"
       timeout 120 python3 -m trident run -n $n examples/$e.py 2>&1 | grep -v "destroy_process_group\|^$" | tail -4
