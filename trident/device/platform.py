@@ -17,6 +17,9 @@ import triton.language as tl
 
 from .. import config
 
+#: Why the host raised the abort word (set by the host; the simulator's waits put it in their error).
+ABORT_REASON = ""
+
 if config.BACKEND == "sim":
 
     def now_ns():
@@ -33,7 +36,7 @@ if config.BACKEND == "sim":
 
         raise RankTimeoutError(
             describe_wait_fault(_scalar(rank), _scalar(peer), _scalar(offset), _scalar(expected),
-                                _scalar(observed), _scalar(timeout_ns), bool(_scalar(aborted)))
+                                _scalar(observed), _scalar(timeout_ns), bool(_scalar(aborted)), ABORT_REASON)
             + " In the simulator the programs of one launch run one after another, so a program that"
             " waits for a later program of the same launch never sees it."
         )
@@ -73,9 +76,10 @@ else:
         pass
 
 
-def describe_wait_fault(rank, peer, offset, expected, observed, timeout_ns, aborted) -> str:
+def describe_wait_fault(rank, peer, offset, expected, observed, timeout_ns, aborted, reason="") -> str:
     """The message of a wait that gave up, shared by the simulator and the host-side check."""
-    why = "was aborted by the host" if aborted else f"timed out after {timeout_ns / 1e9:.3g} s"
+    why = f"was aborted by the host ({reason})" if aborted and reason else (
+        "was aborted by the host" if aborted else f"timed out after {timeout_ns / 1e9:.3g} s")
     return (
         f"rank {rank}: trident.wait {why} waiting on the flag at heap offset {offset:#x} of rank {peer} "
         f"(waited for {expected}, last saw {observed})."

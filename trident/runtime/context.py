@@ -20,6 +20,7 @@ from .allocator import SymmetricAllocator
 from .control import ControlBlock
 from .heap import SymmetricHeapMixin
 from .rendezvous import Rendezvous, join_process_group
+from .watchdog import RankWatchdog, identity
 
 DEFAULT_HEAP_SIZE = 1 << 30
 _context_ids = itertools.count()
@@ -43,7 +44,7 @@ def _seconds(name: str, value, variable: str, default: float = 30.0) -> float:
 
 
 def init(heap_size: int = DEFAULT_HEAP_SIZE, backend: str | None = None, *, timeout: float | None = None,
-         wait_timeout: float | None = None) -> Context:
+         wait_timeout: float | None = None, watchdog_interval: float | None = None) -> Context:
     """Create this rank's symmetric heap and map every peer's; collective over all ranks.
 
     Joins the initialized torch.distributed default group, or creates one from RANK,
@@ -57,6 +58,9 @@ def init(heap_size: int = DEFAULT_HEAP_SIZE, backend: str | None = None, *, time
             before raising an error naming them (default ``TRIDENT_TIMEOUT`` or 30).
         wait_timeout: seconds a device-side ``trident.wait`` spins before giving up
             (default ``TRIDENT_WAIT_TIMEOUT`` or 30); changeable later via ``ctx.wait_timeout``.
+        watchdog_interval: seconds between checks that every peer's process is still alive
+            (default ``TRIDENT_WATCHDOG_INTERVAL`` or 0.5). A lost peer ends this rank's waits,
+            host and device, with an error naming it.
 
     Returns:
         The :class:`Context`.
@@ -85,6 +89,7 @@ def init(heap_size: int = DEFAULT_HEAP_SIZE, backend: str | None = None, *, time
         )
     timeout = _seconds("timeout", timeout, "TRIDENT_TIMEOUT")
     wait_timeout = _seconds("wait_timeout", wait_timeout, "TRIDENT_WAIT_TIMEOUT")
+    watchdog_interval = _seconds("watchdog_interval", watchdog_interval, "TRIDENT_WATCHDOG_INTERVAL", 0.5)
     if name == "cuda" and not torch.cuda.is_available():  # before joining a group that would need NCCL
         from ..backends.cuda import CudaBackend
 
@@ -93,7 +98,7 @@ def init(heap_size: int = DEFAULT_HEAP_SIZE, backend: str | None = None, *, time
     if world > layout.MAX_WORLD:
         raise ValueError(f"world size {world} is larger than trident supports ({layout.MAX_WORLD})")
     rendezvous = Rendezvous(store, f"trident/ctx{next(_context_ids)}/", rank, world, timeout)
-    return Context(rendezvous, name, heap_size, local_rank, wait_timeout)
+    return Context(rendezvous, name, heap_size, local_rank, wait_timeout, watchdog_interval)
 
 
 class Context(SymmetricHeapMixin):
@@ -112,7 +117,7 @@ class Context(SymmetricHeapMixin):
     """
 
     def __init__(self, rendezvous: Rendezvous, backend: str, heap_size: int, local_rank: int,
-                 wait_timeout: float):
+                 wait_timeout: float, watchdog_interval: float):
         self._rendezvous = rendezvous
         self.rank, self.world_size = rendezvous.rank, rendezvous.world_size
         self.backend, self.heap_size = backend, heap_size
@@ -129,12 +134,12 @@ class Context(SymmetricHeapMixin):
         self.device = self._backend.device
         try:
             handle = self._backend.create(heap_size)
-            sizes_and_handles = [pickle.loads(v) for v in rendezvous.all_gather(
-                "heap handle exchange", pickle.dumps((heap_size, handle)))]
-            sizes = {r: s for r, (s, _) in enumerate(sizes_and_handles)}
+            exchanged = [pickle.loads(v) for v in rendezvous.all_gather(
+                "heap handle exchange", pickle.dumps((heap_size, handle, identity())))]
+            sizes = {r: size for r, (size, _, _) in enumerate(exchanged)}
             if len(set(sizes.values())) > 1:
                 raise DivergenceError(f"rank {self.rank}: ranks asked for different heap sizes: {sizes}")
-            self._heaps = self._backend.open_peers([h for _, h in sizes_and_handles])
+            self._heaps = self._backend.open_peers([h for _, h, _ in exchanged])
             self._heap = self._heaps[self.rank]
             bases = [h.data_ptr() for h in self._heaps]
             misaligned = [r for r, b in enumerate(bases) if b % layout.BASE_ALIGN]
@@ -152,6 +157,10 @@ class Context(SymmetricHeapMixin):
         except BaseException:
             self._backend.close()
             raise
+        self._watchdog = RankWatchdog(self.rank, [who for _, _, who in exchanged], watchdog_interval,
+                                      self._on_rank_gone)
+        rendezvous.peers_gone = lambda: self._watchdog.gone
+        self._watchdog.start()
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -169,6 +178,7 @@ class Context(SymmetricHeapMixin):
             self._release()
 
     def _release(self) -> None:
+        self._watchdog.stop()
         self._closed = True
         self._heaps = self._heap = None
         self._backend.close()
@@ -275,14 +285,37 @@ class Context(SymmetricHeapMixin):
         launch_device_barrier(self.heap_bases, self.rank, self.world_size)
 
     def abort(self) -> None:
-        """Make this rank's device waits give up now (they record an 'aborted' fault).
+        """Make this rank's device waits give up now (they record an 'aborted' fault), until
+        :meth:`clear_abort`.
 
         Example::
 
             ctx.abort()   # from a watchdog thread, while a kernel spins
         """
         self._check_open()
-        self._control.set_abort(True)
+        self._control.set_abort(True, "ctx.abort() was called")
+
+    def clear_abort(self) -> None:
+        """Lower the abort word again (after ``abort()``), so device waits wait normally.
+
+        Example::
+
+            ctx.clear_abort()
+        """
+        self._check_open()
+        if self._watchdog.gone:
+            raise RankTimeoutError(f"rank {self.rank}: cannot resume: {self._control.abort_reason}")
+        self._control.set_abort(False)
+
+    def _on_rank_gone(self, rank: int, why: str) -> None:
+        """The watchdog saw a peer's process end: stop this rank's device waits, naming it."""
+        if not self._closed:
+            self._control.set_abort(True, f"rank {rank} is gone: {why}")
+
+    @property
+    def lost_ranks(self) -> dict[int, str]:
+        """``{rank: what happened}`` for every peer whose process has ended while this context is open."""
+        return self._watchdog.gone
 
     def broadcast(self, value, src: int = 0):
         """Give every rank ``src``'s ``value`` (collective).

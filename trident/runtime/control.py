@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import layout
+from ..device import platform
 from ..device.platform import describe_heap_fault, describe_wait_fault
 
 
@@ -14,6 +15,7 @@ class ControlBlock:
     def __init__(self, heap: torch.Tensor, heap_size: int):
         self.words = heap[:layout.CONTROL_BYTES].view(torch.int64)
         self.heap_size = heap_size
+        self.abort_reason = ""
 
     def reset(self, wait_timeout: float) -> None:
         """Clear everything and write the header (before any peer may touch the heap)."""
@@ -30,7 +32,10 @@ class ControlBlock:
     def wait_timeout(self, seconds: float) -> None:
         self.words[layout.WAIT_TIMEOUT_NS] = int(seconds * 1e9)
 
-    def set_abort(self, on: bool) -> None:
+    def set_abort(self, on: bool, reason: str = "") -> None:
+        """Raise (or lower) the abort word device waits poll; ``reason`` goes into their fault message."""
+        self.abort_reason = reason if on else ""
+        platform.ABORT_REASON = self.abort_reason  # what the simulator's raising wait reports
         # A side stream, so the write lands while this rank's kernels are still running.
         if self.words.is_cuda:
             stream = torch.cuda.Stream(device=self.words.device)
@@ -41,19 +46,18 @@ class ControlBlock:
             self.words[layout.ABORT] = int(on)
 
     def take_fault(self) -> tuple[int, str] | None:
-        """The recorded fault as ``(kind, message)``, or None; clears it (and the abort flag)."""
+        """The recorded fault as ``(kind, message)``, or None; clears it (the abort word stays)."""
         first, last = layout.ERROR_COUNT, layout.ERROR_OBSERVED
         count, kind, rank, peer, offset, expected, observed = self.words[first:last + 1].tolist()
         if count == 0:
             return None
         self.words[first:last + 1] = 0
-        self.words[layout.ABORT] = 0
         if kind == layout.ERR_OUT_OF_HEAP:
             message = describe_heap_fault(rank, peer, offset, expected)
         else:
             timeout_ns = int(self.words[layout.WAIT_TIMEOUT_NS].item())
             message = describe_wait_fault(rank, peer, offset, expected, observed, timeout_ns,
-                                          kind == layout.ERR_ABORTED)
+                                          kind == layout.ERR_ABORTED, self.abort_reason)
         if count > 1:
             message += f" ({count - 1} more fault(s) were reported after it.)"
         return kind, message

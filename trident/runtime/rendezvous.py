@@ -12,6 +12,7 @@ import atexit
 import datetime
 import os
 import socket
+import time
 
 import torch.distributed as dist
 
@@ -112,6 +113,9 @@ def _check_world_size(store: dist.Store, rank: int, world: int, timeout: float) 
 class Rendezvous:
     """All-gathers and barriers over the store, each named by a sequence number.
 
+    Waits poll in slices of ``SLICE`` seconds, which also keeps the store's client free for
+    other threads in between.
+
     Args:
         store: a torch.distributed Store shared by every rank.
         prefix: a key prefix unique to one trident context.
@@ -119,28 +123,44 @@ class Rendezvous:
         timeout: seconds before a wait gives up and names the missing ranks.
     """
 
+    SLICE = 0.2
+
     def __init__(self, store: dist.Store, prefix: str, rank: int, world_size: int, timeout: float):
         self.store = dist.PrefixStore(prefix, store)
         self.rank, self.world_size, self.timeout = rank, world_size, timeout
         self._seq = 0
+        self.peers_gone = dict  # replaced by the context's watchdog: () -> {rank: what happened}
 
     def all_gather(self, what: str, value: bytes) -> list[bytes]:
         """Give every rank every rank's ``value``. ``what`` names the step in a timeout message."""
         self._seq += 1
         keys = [f"{self._seq}/{r}" for r in range(self.world_size)]
         self.store.set(keys[self.rank], value)
-        try:
-            self.store.wait(keys, datetime.timedelta(seconds=self.timeout))
-        except Exception as exc:
-            missing = [r for r, key in enumerate(keys) if not self.store.check([key])]
-            raise RankTimeoutError(
-                f"rank {self.rank}: {what} timed out after {self.timeout:g} s waiting for ranks {missing} "
-                f"(they never arrived: did they crash, hang in a kernel, or take a different code path?)"
-            ) from exc
+        self._wait(what, keys)
         values = self.store.multi_get(keys)
         if self._seq > 1:  # every rank has finished the previous step, so its keys can go
             self.store.delete_key(f"{self._seq - 1}/{self.rank}")
         return values
+
+    def _wait(self, what: str, keys: list[str]) -> None:
+        """Wait for every key, in short slices, so a peer the watchdog saw go ends the wait at once."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                self.store.wait(keys, datetime.timedelta(seconds=self.SLICE))
+                return
+            except Exception as exc:
+                gone = self.peers_gone()
+                if gone:
+                    listing = "; ".join(f"rank {r}: {why}" for r, why in sorted(gone.items()))
+                    raise RankTimeoutError(f"rank {self.rank}: {what} cannot complete: a rank is gone ({listing})"
+                                           ) from exc
+                if time.monotonic() > deadline:
+                    missing = [r for r, key in enumerate(keys) if not self.store.check([key])]
+                    raise RankTimeoutError(
+                        f"rank {self.rank}: {what} timed out after {self.timeout:g} s waiting for ranks {missing} "
+                        f"(they never arrived: did they hang in a kernel, or take a different code path?)"
+                    ) from exc
 
     def broadcast(self, what: str, value: bytes | None, src: int) -> bytes:
         """Give every rank ``src``'s ``value`` (other ranks pass ``None``)."""
