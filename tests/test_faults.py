@@ -1,0 +1,162 @@
+"""Faults: a rank that dies mid-job, cleanup after every kind of exit, repeated init/close, isolation."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import trident
+from trident import config
+from trident.runtime.watchdog import process_state
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+VICTIM_SCRIPT = r'''
+import json, os, signal, sys, time
+import torch, triton, triton.language as tl
+import trident
+
+@triton.jit
+def wait_kernel(flag_ptr, rank, heap_bases):
+    trident.wait(flag_ptr, 1, rank, rank, heap_bases)   # nobody will ever set it
+
+ctx = trident.init(heap_size=1 << 22, timeout=60, wait_timeout=60)
+flag = ctx.zeros(1, dtype=torch.int32)
+ctx.barrier()
+out = os.path.join(sys.argv[2], f"rank{ctx.rank}")   # one file per rank: their stdouts interleave
+with open(out + ".pid", "w") as f:
+    f.write(str(os.getpid()))
+if ctx.rank == ctx.world_size - 1:          # the victim
+    how = sys.argv[1]
+    time.sleep(0.5)
+    if how == "exit":
+        os._exit(3)
+    if how == "raise":
+        raise RuntimeError("boom on purpose")
+    os.kill(os.getpid(), {"kill": signal.SIGKILL, "term": signal.SIGTERM}[how])
+    time.sleep(60)
+start = time.monotonic()
+try:
+    if ctx.rank == 0:                        # spins in a device wait
+        wait_kernel[(1,)](flag, ctx.rank, ctx.heap_bases)
+        ctx.check()
+    else:                                    # waits in a host barrier
+        ctx.barrier()
+    message = "no error"
+except Exception as exc:
+    message = str(exc)
+with open(out + ".json", "w") as f:
+    json.dump({"rank": ctx.rank, "message": message, "elapsed": time.monotonic() - start}, f)
+'''
+
+
+def _shm_files_of(pids):
+    return [n for n in os.listdir("/dev/shm") if n.startswith("trident-") and any(f"-p{p}-" in n for p in pids)]
+
+
+@pytest.mark.parametrize("how", ["exit", "raise", "kill", "term"])
+def test_a_lost_rank_ends_every_wait_fast_and_leaves_nothing(tmp_path, how):
+    script = tmp_path / "victim.py"
+    script.write_text(VICTIM_SCRIPT)
+    proc = subprocess.run([sys.executable, "-m", "trident", "run", "-n", "3", str(script), how, str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    pids = {r: int((tmp_path / f"rank{r}.pid").read_text()) for r in range(3)}
+    results = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)
+               if (tmp_path / f"rank{r}.json").exists()}
+    assert proc.returncode != 0 and sorted(results) == [0, 1], (proc.stdout, proc.stderr[-3000:])
+    victim = f"rank 2 is gone: process {pids[2]} exited"
+    assert "trident.wait was aborted by the host" in results[0]["message"], results[0]
+    assert victim in results[0]["message"], results[0]
+    assert "cannot complete: a rank is gone" in results[1]["message"], results[1]
+    assert f"rank 2: process {pids[2]} exited" in results[1]["message"], results[1]
+    for r in (0, 1):
+        assert results[r]["elapsed"] < 15, results[r]  # far below the 60 s timeouts
+    assert _shm_files_of(pids.values()) == []
+
+
+def _cycles_body(ctx, cycles):
+    def snapshot():
+        fds = len(os.listdir("/proc/self/fd"))
+        shm = sorted(n for n in os.listdir("/dev/shm") if n.startswith("trident-"))
+        free = torch.cuda.mem_get_info(ctx.device)[0] if ctx.backend == "cuda" else 0
+        return fds, shm, free
+
+    def one_cycle():
+        with trident.init(heap_size=16 << 20) as c:
+            x = c.ones(1024)
+            c.barrier()
+            assert x.sum().item() == 1024
+            del x
+
+    one_cycle()  # first use may load libraries and open files once
+    before = snapshot()
+    for _ in range(cycles):
+        one_cycle()
+    return before, snapshot()
+
+
+def test_many_init_close_cycles_leak_nothing(pool2):
+    for (fds0, shm0, free0), (fds1, shm1, free1) in pool2.run(_cycles_body, 15):
+        assert fds1 <= fds0, (fds0, fds1)
+        assert shm1 == shm0
+        assert free1 >= free0 - (32 << 20)  # 15 leaked 16 MiB heaps would be 240 MiB
+
+
+@pytest.mark.skipif(config.BACKEND != "sim", reason="heap files belong to the simulator")
+def test_heap_files_are_private_to_the_user():
+    from trident.backends.sim import SimBackend
+
+    backend = SimBackend(rank=0, job_id="modecheck")
+    try:
+        backend.create(1 << 20)
+        mode = stat.S_IMODE(os.stat(backend.path).st_mode)
+        assert mode == 0o600, oct(mode)
+        assert f"-u{os.getuid()}-p{os.getpid()}-modecheck-r0" in backend.path
+    finally:
+        backend.close()
+    assert not os.path.exists(backend.path)
+
+
+ISOLATION_SCRIPT = r'''
+import sys, time, torch, trident
+ctx = trident.init(heap_size=1 << 22)
+tag = float(sys.argv[1])
+x = ctx.full((1000,), tag * 100 + ctx.rank)
+for _ in range(20):
+    ctx.barrier()
+    peer = ctx.peer_view(x, (ctx.rank + 1) % ctx.world_size)
+    assert torch.all(peer == tag * 100 + (ctx.rank + 1) % ctx.world_size), (tag, peer[:3])
+    time.sleep(0.05)
+print("job", sys.argv[1], "rank", ctx.rank, "ok", flush=True)
+ctx.close()
+'''
+
+
+def test_two_jobs_at_once_do_not_see_each_other(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(ISOLATION_SCRIPT)
+    jobs = [subprocess.Popen([sys.executable, "-m", "trident", "run", "-n", "2", str(script), str(tag)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for tag in (1, 2)]
+    outputs = [job.communicate(timeout=120) for job in jobs]
+    for job, (out, err) in zip(jobs, outputs):
+        assert job.returncode == 0, err[-3000:]
+        assert out.count("ok") == 2
+
+
+def test_process_state():
+    assert process_state(os.getpid()) is None
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert process_state(child.pid) == f"process {child.pid} exited"
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while process_state(zombie.pid) is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # exited, not yet reaped: still in the process table
+    assert "zombie" in process_state(zombie.pid)
+    zombie.wait()
+
