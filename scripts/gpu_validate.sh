@@ -11,7 +11,7 @@ python3 -c "import torch, triton, cuda.bindings; print('torch', torch.__version_
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 if [ "$what" = tests ] || [ "$what" = all ]; then
   set -o pipefail
-  timeout ${PYTEST_LIMIT:-540} python3 -m pytest -q --timeout 200 -p no:cacheprovider --backend cuda -rs --durations=10 2>&1 | tee "$OUT/pytest_cuda.log"
+  timeout ${PYTEST_LIMIT:-540} python3 -m pytest -q --timeout 200 -p no:cacheprovider --backend cuda -rs --durations=10 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest_cuda.log"
   echo "pytest exit: $?"
 fi
 if [ "$what" = examples ] || [ "$what" = all ]; then
