@@ -23,6 +23,30 @@ _SCRATCH = tl.constexpr(layout.SCRATCH)
 
 
 @triton.jit
+def _rmw(OP: tl.constexpr, ptr, val, rank, peer, heap_bases, mask, sem: tl.constexpr, scope: tl.constexpr):
+    """One read-modify-write on ``peer``'s copy: translation, the debug-mode bounds mask, the op."""
+    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
+    if _DEBUG:
+        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
+    if OP == "add":
+        old = tl.atomic_add(remote, val, mask=mask, sem=sem, scope=scope)
+    elif OP == "xchg":
+        old = tl.atomic_xchg(remote, val, mask=mask, sem=sem, scope=scope)
+    elif OP == "and":
+        old = tl.atomic_and(remote, val, mask=mask, sem=sem, scope=scope)
+    elif OP == "or":
+        old = tl.atomic_or(remote, val, mask=mask, sem=sem, scope=scope)
+    elif OP == "xor":
+        old = tl.atomic_xor(remote, val, mask=mask, sem=sem, scope=scope)
+    elif OP == "min":
+        old = tl.atomic_min(remote, val, mask=mask, sem=sem, scope=scope)
+    else:
+        tl.static_assert(OP == "max", "unknown atomic op")
+        old = tl.atomic_max(remote, val, mask=mask, sem=sem, scope=scope)
+    return old
+
+
+@triton.jit
 def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
                scope: tl.constexpr = tl.constexpr("sys")):
     """Atomically adds ``val`` at ``peer``'s copy of ``ptr``; returns the old value.
@@ -31,10 +55,7 @@ def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 
         old = trident.atomic_add(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
-    if _DEBUG:
-        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
-    return tl.atomic_add(remote, val, mask=mask, sem=sem, scope=scope)
+    return _rmw("add", ptr, val, rank, peer, heap_bases, mask, sem, scope)
 
 
 @triton.jit
@@ -46,15 +67,12 @@ def atomic_sub(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 
         old = trident.atomic_sub(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
-    if _DEBUG:
-        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
     IS_BF16: tl.constexpr = ptr.dtype.element_ty == tl.bfloat16
     if IS_BF16:
         negated = -tl.cast(val, tl.float32)  # exact; bf16 negation is unsupported by Triton's CPU interpreter
     else:
         negated = -val
-    return tl.atomic_add(remote, negated, mask=mask, sem=sem, scope=scope)
+    return _rmw("add", ptr, negated, rank, peer, heap_bases, mask, sem, scope)
 
 
 @triton.jit
@@ -66,10 +84,7 @@ def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr =
 
         old = trident.atomic_xchg(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
-    if _DEBUG:
-        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
-    return tl.atomic_xchg(remote, val, mask=mask, sem=sem, scope=scope)
+    return _rmw("xchg", ptr, val, rank, peer, heap_bases, mask, sem, scope)
 
 
 @triton.jit
@@ -81,10 +96,7 @@ def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 
         old = trident.atomic_and(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
-    if _DEBUG:
-        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
-    return tl.atomic_and(remote, val, mask=mask, sem=sem, scope=scope)
+    return _rmw("and", ptr, val, rank, peer, heap_bases, mask, sem, scope)
 
 
 @triton.jit
@@ -96,10 +108,7 @@ def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = t
 
         old = trident.atomic_or(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
-    if _DEBUG:
-        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
-    return tl.atomic_or(remote, val, mask=mask, sem=sem, scope=scope)
+    return _rmw("or", ptr, val, rank, peer, heap_bases, mask, sem, scope)
 
 
 @triton.jit
@@ -111,10 +120,7 @@ def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 
         old = trident.atomic_xor(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
-    if _DEBUG:
-        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
-    return tl.atomic_xor(remote, val, mask=mask, sem=sem, scope=scope)
+    return _rmw("xor", ptr, val, rank, peer, heap_bases, mask, sem, scope)
 
 
 @triton.jit
@@ -126,10 +132,7 @@ def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 
         old = trident.atomic_min(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
-    if _DEBUG:
-        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
-    return tl.atomic_min(remote, val, mask=mask, sem=sem, scope=scope)
+    return _rmw("min", ptr, val, rank, peer, heap_bases, mask, sem, scope)
 
 
 @triton.jit
@@ -141,10 +144,7 @@ def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = 
 
         old = trident.atomic_max(counter_ptr, 1, rank, peer, heap_bases, sem="relaxed")
     """
-    remote = ptr + peer_offset(ptr, rank, peer, heap_bases)
-    if _DEBUG:
-        mask = heap_mask(ptr, rank, peer, heap_bases, mask)
-    return tl.atomic_max(remote, val, mask=mask, sem=sem, scope=scope)
+    return _rmw("max", ptr, val, rank, peer, heap_bases, mask, sem, scope)
 
 
 @triton.jit
