@@ -11,12 +11,12 @@ python3 -c "import torch, triton, cuda.bindings; print('torch', torch.__version_
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 if [ "$what" = tests ] || [ "$what" = all ]; then
   set -o pipefail
-  timeout ${PYTEST_LIMIT:-540} python3 -m pytest -q --timeout 200 -p no:cacheprovider --backend cuda -rs --durations=10 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest_cuda.log"
+  timeout ${PYTEST_LIMIT:-540} python3 -m pytest -q --timeout 200 -p no:cacheprovider --backend cuda -rs --durations=10 ${PYTEST_ARGS:-} ${TESTS:-} 2>&1 | tee "$OUT/pytest_cuda.log"
   echo "pytest exit: $?"
 fi
 if [ "$what" = examples ] || [ "$what" = all ]; then
   for n in ${EXAMPLE_RANKS:-2 4}; do
-    for e in demo load_store put_get atomics message_passing; do
+    for e in ${EXAMPLES:-demo load_store put_get atomics message_passing}; do
       echo "== examples/$e.py on $n ranks"
       timeout 120 python3 -m trident run -n $n examples/$e.py 2>&1 | grep -v "destroy_process_group\|^$" | tail -4
     done
