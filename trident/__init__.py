@@ -17,10 +17,7 @@ Import trident before defining kernels: on a machine without a GPU it switches T
 CPU interpreter (the simulator), which must happen before any ``@triton.jit``.
 """
 
-from . import (
-    config,
-    testing,  # noqa: E402  (RankPool for multi-rank tests)
-)
+from . import ccl, config, testing
 from .device import (
     atomic_add,
     atomic_and,
@@ -38,6 +35,7 @@ from .device import (
     put,
     signal,
     store,
+    sync_ranks,
     translate,
     wait,
 )
@@ -57,10 +55,10 @@ from .runtime.launch import SpawnError, spawn
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "Context", "spawn", "config", "testing",
+    "init", "Context", "spawn", "config", "testing", "ccl",
     "translate", "load", "store", "get", "put", "copy",
     "atomic_add", "atomic_sub", "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor",
-    "atomic_min", "atomic_max", "atomic_cas", "signal", "wait", "control_block",
+    "atomic_min", "atomic_max", "atomic_cas", "signal", "wait", "sync_ranks", "control_block",
     "TridentError", "BackendUnavailableError", "ContextClosedError", "DeviceError", "DivergenceError",
     "HeapExhaustedError", "NotSymmetricError", "RankTimeoutError", "SpawnError",
 ]

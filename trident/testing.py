@@ -59,6 +59,7 @@ def _worker(rank: int, world_size: int, port: int, init_kwargs: dict, conn) -> N
         except BaseException:
             reply = (False, traceback.format_exc())
         # Give back what the task allocated, in offset order on every rank, and forget its faults.
+        ctx.__dict__.pop("_ccl_workspace", None)  # it lives in the task's allocations
         for block in ctx._allocator.live_blocks():
             if block.offset not in before:
                 ctx._allocator.free(block.offset)

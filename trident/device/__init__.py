@@ -17,11 +17,11 @@ from .atomics import (
     atomic_xor,
 )
 from .memory import control_block, copy, get, load, put, store, translate
-from .sync import signal, wait
+from .sync import signal, sync_ranks, wait
 
 __all__ = [
     "translate", "load", "store", "get", "put", "copy",
     "atomic_add", "atomic_sub", "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor",
     "atomic_min", "atomic_max", "atomic_cas",
-    "signal", "wait", "control_block",
+    "signal", "wait", "sync_ranks", "control_block",
 ]

@@ -155,3 +155,25 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
     # thread of the program, so all of them see the signaller's data.
     tl.debug_barrier()
     return seen
+
+
+@triton.jit
+def sync_ranks(slots_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
+    """Wait until every rank's program has reached ``epoch`` at this point (a barrier for one program).
+
+    ``slots_ptr`` points to ``world_size`` int64 slots, the same symmetric slots on every rank:
+    this program writes ``epoch`` into slot ``rank`` of every rank (release), then waits until
+    every slot here is ``>= epoch`` (acquire). Epochs only grow, so slots are never reset and a
+    captured CUDA graph replays correctly when the epoch lives on the device.
+    ``WORLD_BLOCK`` is ``world_size`` rounded up to a power of two.
+
+    Example::
+
+        epoch = tl.load(count_ptr + pid) + 1
+        trident.sync_ranks(slots_ptr + pid * world_size, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+        tl.store(count_ptr + pid, epoch)
+    """
+    peers = tl.arange(0, WORLD_BLOCK)
+    is_peer = peers < world_size
+    signal(slots_ptr + rank + peers * 0, epoch, rank, peers, heap_bases, mask=is_peer)
+    wait(slots_ptr + peers, epoch, rank, rank, heap_bases, cmp="ge", mask=is_peer)

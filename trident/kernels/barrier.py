@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from .. import layout
-from ..device import control_block, signal, wait
+from ..device import control_block, sync_ranks
 
 _BARRIER_EPOCH = tl.constexpr(layout.BARRIER_EPOCH)
 _BARRIER_SLOTS = tl.constexpr(layout.BARRIER_SLOTS)
@@ -19,11 +19,7 @@ def device_barrier_kernel(heap_bases, rank, world_size, BLOCK: tl.constexpr):
     ctrl = control_block(rank, heap_bases)
     epoch = tl.load(ctrl + _BARRIER_EPOCH) + 1  # on the device, so graph replays count on
     tl.store(ctrl + _BARRIER_EPOCH, epoch)
-    peers = tl.arange(0, BLOCK)
-    is_peer = peers < world_size
-    my_slot = ctrl + _BARRIER_SLOTS + rank + peers * 0
-    signal(my_slot, epoch, rank, peers, heap_bases, mask=is_peer)
-    wait(ctrl + _BARRIER_SLOTS + peers, epoch, rank, rank, heap_bases, cmp="ge", mask=is_peer)
+    sync_ranks(ctrl + _BARRIER_SLOTS, epoch, rank, world_size, heap_bases, BLOCK)
 
 
 def launch_device_barrier(heap_bases: torch.Tensor, rank: int, world_size: int) -> None:

@@ -1,0 +1,263 @@
+"""Host-level collectives with torch.distributed's semantics, run by trident kernels on the heap.
+
+Each call checks its arguments (before anything runs), stages tensors that are not on the heap
+through a symmetric buffer (a copy in and, for outputs peers write, a copy out), and launches
+one kernel on the current stream. There is no host synchronization inside, so the calls can be
+captured in a CUDA graph, as long as split sizes are given as device tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+from .. import config
+from ..errors import DivergenceError
+from . import kernels
+from .workspace import MAX_PROGRAMS, workspace
+
+OPS = {"sum": "sum", "max": "max", "min": "min"}
+_REDUCE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min"}
+ALGORITHMS = ("one_shot", "two_shot", "auto")
+#: all_reduce "auto" uses one_shot up to this many bytes, two_shot above (see docs/collectives.md).
+ONE_SHOT_MAX_BYTES = 256 * 1024
+
+
+def _op_name(op) -> str:
+    name = _REDUCE_OPS.get(op, op) if not isinstance(op, str) else op.lower()
+    if name not in OPS:
+        raise ValueError(f"op={op!r} is not supported; expected 'sum', 'max' or 'min' (or torch.distributed.ReduceOp)")
+    return name
+
+
+def _acc_dtype(dtype: torch.dtype):
+    if dtype in (torch.float16, torch.bfloat16, torch.float32):
+        return tl.float32  # fp16 and bf16 accumulate in fp32
+    if dtype == torch.float64:
+        return tl.float64
+    if dtype in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
+        return tl.int64 if dtype == torch.int64 else tl.int32
+    raise ValueError(f"reductions do not support dtype {dtype}")
+
+
+def _check(ctx, what: str, **tensors) -> None:
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"rank {ctx.rank}: {what}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != ctx.device:
+            raise ValueError(f"rank {ctx.rank}: {what}: {name} is on {t.device}, expected {ctx.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"rank {ctx.rank}: {what}: {name} must be contiguous (call .contiguous())")
+    dtypes = {t.dtype for t in tensors.values()}
+    if len(dtypes) > 1:
+        listing = ", ".join(f"{n}: {t.dtype}" for n, t in tensors.items())
+        raise ValueError(f"rank {ctx.rank}: {what}: tensors must share one dtype, got {listing}")
+
+
+def _agree(ctx, what: str, *facts) -> None:
+    """Debug mode: every rank must call the same collective with the same sizes."""
+    if config.DEBUG:
+        mine = repr((what, *facts))
+        everyone = [v.decode() for v in ctx._rendezvous.all_gather(f"{what} argument check", mine.encode())]
+        if len(set(everyone)) > 1:
+            listing = "; ".join(f"rank {r}: {v}" for r, v in enumerate(everyone))
+            raise DivergenceError(f"rank {ctx.rank}: ranks called collectives with different arguments: {listing}")
+
+
+def _launch(ctx, kernel, work_items: int, *args, **constexprs) -> None:
+    """Launch ``kernel`` with enough programs for the work, at most one per SM (a few in the simulator)."""
+    ws = workspace(ctx)
+    block = constexprs.pop("BLOCK")
+    limit = 4 if ctx.backend == "sim" else torch.cuda.get_device_properties(ctx.device).multi_processor_count
+    programs = max(1, min(triton.cdiv(max(work_items, 1), block), limit, MAX_PROGRAMS))
+    kernel[(programs,)](*args, ws.flags, ws.counts, ctx.rank, ctx.world_size, ctx.heap_bases, BLOCK=block,
+                        MAX_PROGRAMS=MAX_PROGRAMS, WORLD_BLOCK=triton.next_power_of_2(ctx.world_size),
+                        num_warps=4 if block <= 2048 else 8, **constexprs)
+
+
+def _block(ctx, numel: int) -> int:
+    if ctx.backend == "sim":
+        return 1024
+    return 1024 if numel <= 64 * 1024 else 4096
+
+
+def _on_heap(ctx, t: torch.Tensor, name: str, copy_in: bool) -> torch.Tensor:
+    """``t`` itself when it is symmetric, else a staging buffer (with t's data when ``copy_in``)."""
+    stage = workspace(ctx).buffer(name, t.numel(), t.dtype).view(t.shape)
+    if ctx.is_symmetric(t):
+        return t
+    if copy_in:
+        stage.copy_(t)
+    return stage
+
+
+def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+    """Gather every rank's ``inp`` into ``out`` along dim 0, like ``all_gather_into_tensor``.
+
+    Args:
+        out: ``world_size * inp.numel()`` elements (shape ``(world_size * inp.shape[0], ...)`` or flat).
+        inp: this rank's part; staged through the heap when it is not symmetric.
+
+    Returns:
+        ``out``.
+
+    Example::
+
+        out = torch.empty(ctx.world_size * 1024, device=ctx.device)
+        trident.ccl.all_gather(ctx, out, ctx.ones(1024))
+    """
+    _check(ctx, "all_gather", out=out, inp=inp)
+    if out.numel() != ctx.world_size * inp.numel():
+        raise ValueError(f"rank {ctx.rank}: all_gather: out has {out.numel()} elements, expected world_size x "
+                         f"inp = {ctx.world_size} x {inp.numel()} (inp shape {tuple(inp.shape)})")
+    _agree(ctx, "all_gather", tuple(inp.shape), inp.dtype)
+    source = _on_heap(ctx, inp, "input", copy_in=True)
+    _launch(ctx, kernels.all_gather_kernel, inp.numel(), source, out, inp.numel(), BLOCK=_block(ctx, inp.numel()))
+    return out
+
+
+def reduce_scatter(ctx, out: torch.Tensor, inp: torch.Tensor, op="sum") -> torch.Tensor:
+    """Reduce every rank's ``inp`` and keep this rank's chunk (dim 0) in ``out``, like ``reduce_scatter_tensor``.
+
+    Example::
+
+        out = torch.empty(1024, device=ctx.device)
+        trident.ccl.reduce_scatter(ctx, out, ctx.ones(ctx.world_size * 1024))   # out == world_size
+    """
+    _check(ctx, "reduce_scatter", out=out, inp=inp)
+    name = _op_name(op)
+    if inp.numel() != ctx.world_size * out.numel():
+        raise ValueError(f"rank {ctx.rank}: reduce_scatter: inp has {inp.numel()} elements, expected world_size x "
+                         f"out = {ctx.world_size} x {out.numel()}")
+    _agree(ctx, "reduce_scatter", tuple(inp.shape), inp.dtype, name)
+    source = _on_heap(ctx, inp, "input", copy_in=True)
+    _launch(ctx, kernels.reduce_scatter_kernel, out.numel(), source, out, out.numel(), OP=name,
+            ACC=_acc_dtype(inp.dtype), BLOCK=_block(ctx, out.numel()))
+    return out
+
+
+def all_reduce(ctx, tensor: torch.Tensor, op="sum", algorithm: str = "auto") -> torch.Tensor:
+    """Reduce ``tensor`` across ranks, in place, like ``torch.distributed.all_reduce``.
+
+    Args:
+        tensor: the same shape and dtype on every rank; staged when not symmetric.
+        op: "sum", "max", "min" or a ``torch.distributed.ReduceOp``. fp16/bf16 accumulate in fp32.
+        algorithm: "one_shot" (every rank reads every peer), "two_shot" (reduce-scatter, then
+            all-gather), or "auto" (one_shot up to ``ONE_SHOT_MAX_BYTES``).
+
+    Returns:
+        ``tensor``.
+
+    Example::
+
+        x = ctx.full((4096,), float(ctx.rank))
+        trident.ccl.all_reduce(ctx, x)      # every element: 0 + 1 + ... + world_size-1
+    """
+    _check(ctx, "all_reduce", tensor=tensor)
+    name = _op_name(op)
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
+    if algorithm == "auto":
+        algorithm = "one_shot" if tensor.numel() * tensor.element_size() <= ONE_SHOT_MAX_BYTES else "two_shot"
+    _agree(ctx, "all_reduce", tuple(tensor.shape), tensor.dtype, name, algorithm)
+    n = tensor.numel()
+    x = _on_heap(ctx, tensor, "input", copy_in=True)
+    scratch = workspace(ctx).buffer("scratch", n, tensor.dtype)
+    acc, block = _acc_dtype(tensor.dtype), _block(ctx, n)
+    if algorithm == "one_shot":
+        _launch(ctx, kernels.all_reduce_one_shot_kernel, n, x, scratch, n, OP=name, ACC=acc, BLOCK=block)
+    else:
+        chunk = triton.cdiv(n, ctx.world_size)
+        _launch(ctx, kernels.all_reduce_two_shot_kernel, chunk, x, scratch, n, chunk, OP=name, ACC=acc,
+                BLOCK=block)
+    if x is not tensor:
+        tensor.copy_(x.view(tensor.shape))
+    return tensor
+
+
+def _split_table(ctx, in_splits, out_splits, rows_in: int, rows_out: int, what: str) -> torch.Tensor:
+    """Fill this rank's split table: rows sent to each rank, where they start, where received rows go."""
+    table = workspace(ctx).table
+    w = ctx.world_size
+    sizes = []
+    for name, splits, rows in (("in_splits", in_splits, rows_in), ("out_splits", out_splits, rows_out)):
+        s = torch.as_tensor(splits, dtype=torch.int64).to(ctx.device).reshape(-1)
+        if s.numel() != w:
+            raise ValueError(f"rank {ctx.rank}: {what}: {name} has {s.numel()} entries, expected world_size = {w}")
+        capturing = s.is_cuda and torch.cuda.is_current_stream_capturing()
+        if not capturing:  # checking needs the values on the host, which a graph capture cannot wait for
+            total = int(s.sum())
+            if total != rows or bool((s < 0).any()):
+                raise ValueError(f"rank {ctx.rank}: {what}: {name} {s.tolist()} must be non-negative and sum to "
+                                 f"the {rows} rows along dim 0")
+        sizes.append(s)
+    table[:w] = sizes[0]
+    table[w:2 * w] = torch.cumsum(sizes[0], 0) - sizes[0]
+    table[2 * w:] = torch.cumsum(sizes[1], 0) - sizes[1]
+    return table
+
+
+def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits) -> torch.Tensor:
+    """Exchange rows (dim 0) with per-rank sizes, like ``all_to_all_single`` with split sizes (MoE dispatch).
+
+    Args:
+        out: receives ``out_splits[p]`` rows from each rank ``p``, in rank order.
+        inp: sends ``in_splits[p]`` rows to each rank ``p``, in rank order.
+        out_splits, in_splits: lists or int tensors of ``world_size`` row counts; ``out_splits[p]``
+            must equal rank p's ``in_splits[this rank]``. Device tensors keep the call graph-capturable.
+
+    Example::
+
+        trident.ccl.all_to_all_v(ctx, out, tokens, out_splits=recv_counts, in_splits=send_counts)
+    """
+    _check(ctx, "all_to_all_v", out=out, inp=inp)
+    if out.dim() == 0 or inp.dim() == 0 or out.shape[1:] != inp.shape[1:]:
+        raise ValueError(f"rank {ctx.rank}: all_to_all_v: out {tuple(out.shape)} and inp {tuple(inp.shape)} must "
+                         f"have at least one dimension and match beyond dim 0")
+    inner = math.prod(inp.shape[1:])
+    table = _split_table(ctx, in_splits, out_splits, inp.shape[0], out.shape[0], "all_to_all_v")
+    _agree(ctx, "all_to_all_v", tuple(inp.shape[1:]), inp.dtype)
+    source = _on_heap(ctx, inp, "input", copy_in=True)
+    _launch(ctx, kernels.all_to_all_kernel, max(out.numel() // max(ctx.world_size, 1), 1), source, out, table,
+            inner, BLOCK=_block(ctx, out.numel()))
+    return out
+
+
+def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+    """Send chunk ``p`` (dim 0) of ``inp`` to rank ``p``; receive rank ``p``'s chunk into chunk ``p`` of ``out``.
+
+    Like ``all_to_all_single`` with equal splits.
+
+    Example::
+
+        trident.ccl.all_to_all(ctx, out, inp)   # inp.shape[0] divisible by world_size
+    """
+    _check(ctx, "all_to_all", out=out, inp=inp)
+    w = ctx.world_size
+    if inp.dim() == 0 or inp.shape[0] % w or out.shape != inp.shape:
+        raise ValueError(f"rank {ctx.rank}: all_to_all: inp {tuple(inp.shape)} needs dim 0 divisible by "
+                         f"world_size = {w}, and out {tuple(out.shape)} the same shape")
+    rows = inp.shape[0] // w
+    return all_to_all_v(ctx, out, inp, [rows] * w, [rows] * w)
+
+
+def broadcast(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
+    """Overwrite ``tensor`` on every rank with ``src``'s, in place, like ``torch.distributed.broadcast``.
+
+    Example::
+
+        trident.ccl.broadcast(ctx, weights, src=0)
+    """
+    _check(ctx, "broadcast", tensor=tensor)
+    if not isinstance(src, int) or not 0 <= src < ctx.world_size:
+        raise ValueError(f"rank {ctx.rank}: broadcast: src={src!r} is not a rank (world size {ctx.world_size})")
+    _agree(ctx, "broadcast", tuple(tensor.shape), tensor.dtype, src)
+    x = _on_heap(ctx, tensor, "input", copy_in=ctx.rank == src)
+    _launch(ctx, kernels.broadcast_kernel, tensor.numel(), x, tensor.numel(), src, BLOCK=_block(ctx, tensor.numel()))
+    if x is not tensor:
+        tensor.copy_(x)
+    return tensor

@@ -1,0 +1,150 @@
+"""The collective kernels. All follow one shape:
+
+    epoch = counts[pid] + 1                       # this program's call number, kept on the device
+    sync_ranks(entry slots, epoch)                # every rank's inputs are ready (their kernels ran)
+    for each of my tiles: read peers, write mine  # persistent loop: tile = pid, pid + programs, ...
+    sync_ranks(exit slots, epoch)                 # peers are done reading my inputs
+    counts[pid] = epoch
+
+Program ``pid`` of one rank only ever waits for program ``pid`` of the others, so the kernels
+also run in the simulator, where a launch's programs run one after another. Epochs live on
+the device, so CUDA-graph replays stay correct.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..device import load, sync_ranks
+from .device import reduce_tile
+
+PHASES = 3  # entry, middle, exit: each has its own slots
+
+
+@triton.jit
+def _sync(flags_ptr, PHASE: tl.constexpr, epoch, rank, world_size, heap_bases, MAX_PROGRAMS: tl.constexpr,
+          WORLD_BLOCK: tl.constexpr):
+    slots = flags_ptr + (PHASE * MAX_PROGRAMS + tl.program_id(0)) * world_size
+    sync_ranks(slots, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+
+
+@triton.jit
+def _tile(tile, limit, BLOCK: tl.constexpr):
+    offs = tl.cast(tile, tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return offs, offs < limit
+
+
+@triton.jit
+def all_gather_kernel(inp_ptr, out_ptr, n, flags_ptr, counts_ptr, rank, world_size, heap_bases,
+                      BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    epoch = tl.load(counts_ptr + pid) + 1
+    _sync(flags_ptr, 0, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs, mask = _tile(tile, n, BLOCK)
+        for i in range(world_size):
+            peer = (rank + i) % world_size
+            value = load(inp_ptr + offs, rank, peer, heap_bases, mask=mask)
+            tl.store(out_ptr + peer.to(tl.int64) * n + offs, value, mask=mask)
+    _sync(flags_ptr, 2, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    tl.store(counts_ptr + pid, epoch)
+
+
+@triton.jit
+def reduce_scatter_kernel(inp_ptr, out_ptr, m, flags_ptr, counts_ptr, rank, world_size, heap_bases,
+                          OP: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
+                          WORLD_BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    epoch = tl.load(counts_ptr + pid) + 1
+    _sync(flags_ptr, 0, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    for tile in range(pid, tl.cdiv(m, BLOCK), tl.num_programs(0)):
+        offs, mask = _tile(tile, m, BLOCK)
+        total = reduce_tile(inp_ptr + rank.to(tl.int64) * m + offs, rank, world_size, heap_bases, mask, OP, ACC)
+        tl.store(out_ptr + offs, total, mask=mask)
+    _sync(flags_ptr, 2, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    tl.store(counts_ptr + pid, epoch)
+
+
+@triton.jit
+def all_to_all_kernel(inp_ptr, out_ptr, table_ptr, inner, flags_ptr, counts_ptr, rank, world_size, heap_bases,
+                      BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+    """Rows ``table[0:W]`` = how many rows each rank sends to each rank, ``table[W:2W]`` = where they start
+    in its input, ``table[2W:3W]`` = where the rows from each rank start in my output (this rank's table)."""
+    pid = tl.program_id(0)
+    epoch = tl.load(counts_ptr + pid) + 1
+    _sync(flags_ptr, 0, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    for i in range(world_size):
+        peer = (rank + i) % world_size
+        count = load(table_ptr + rank, rank, peer, heap_bases) * inner
+        src = load(table_ptr + world_size + rank, rank, peer, heap_bases) * inner
+        dst = tl.load(table_ptr + 2 * world_size + peer) * inner
+        for tile in range(pid, tl.cdiv(count, BLOCK), tl.num_programs(0)):
+            offs, mask = _tile(tile, count, BLOCK)
+            tl.store(out_ptr + dst + offs, load(inp_ptr + src + offs, rank, peer, heap_bases, mask=mask), mask=mask)
+    _sync(flags_ptr, 2, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    tl.store(counts_ptr + pid, epoch)
+
+
+@triton.jit
+def broadcast_kernel(x_ptr, n, src, flags_ptr, counts_ptr, rank, world_size, heap_bases,
+                     BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    epoch = tl.load(counts_ptr + pid) + 1
+    _sync(flags_ptr, 0, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    if rank != src:
+        for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
+            offs, mask = _tile(tile, n, BLOCK)
+            tl.store(x_ptr + offs, load(x_ptr + offs, rank, src, heap_bases, mask=mask), mask=mask)
+    _sync(flags_ptr, 2, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    tl.store(counts_ptr + pid, epoch)
+
+
+@triton.jit
+def all_reduce_one_shot_kernel(x_ptr, scratch_ptr, n, flags_ptr, counts_ptr, rank, world_size, heap_bases,
+                               OP: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+                               MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+    """Every rank reads every peer's whole tensor; results wait in scratch until peers are done reading."""
+    pid = tl.program_id(0)
+    epoch = tl.load(counts_ptr + pid) + 1
+    _sync(flags_ptr, 0, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs, mask = _tile(tile, n, BLOCK)
+        tl.store(scratch_ptr + offs, reduce_tile(x_ptr + offs, rank, world_size, heap_bases, mask, OP, ACC),
+                 mask=mask)
+    _sync(flags_ptr, 2, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs, mask = _tile(tile, n, BLOCK)
+        tl.store(x_ptr + offs, tl.load(scratch_ptr + offs, mask=mask), mask=mask)
+    tl.store(counts_ptr + pid, epoch)
+
+
+@triton.jit
+def all_reduce_two_shot_kernel(x_ptr, scratch_ptr, n, chunk, flags_ptr, counts_ptr, rank, world_size, heap_bases,
+                               OP: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+                               MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+    """Reduce-scatter into scratch (rank r owns chunk r), then every rank gathers every chunk.
+
+    Tile t of every chunk belongs to the same program on every rank, so after the middle sync of
+    program ``pid`` the tiles it gathers are reduced, and nobody reads them from ``x`` any more.
+    Scratch is reused only after the next call's entry sync, so no exit sync is needed.
+    """
+    pid = tl.program_id(0)
+    epoch = tl.load(counts_ptr + pid) + 1
+    _sync(flags_ptr, 0, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    tiles = tl.cdiv(chunk, BLOCK)
+    for tile in range(pid, tiles, tl.num_programs(0)):
+        local, in_chunk = _tile(tile, chunk, BLOCK)
+        offs = rank.to(tl.int64) * chunk + local
+        mask = in_chunk & (offs < n)
+        tl.store(scratch_ptr + offs, reduce_tile(x_ptr + offs, rank, world_size, heap_bases, mask, OP, ACC),
+                 mask=mask)
+    _sync(flags_ptr, 1, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    for i in range(world_size):
+        owner = (rank + i) % world_size
+        for tile in range(pid, tiles, tl.num_programs(0)):
+            local, in_chunk = _tile(tile, chunk, BLOCK)
+            offs = owner.to(tl.int64) * chunk + local
+            mask = in_chunk & (offs < n)
+            tl.store(x_ptr + offs, load(scratch_ptr + offs, rank, owner, heap_bases, mask=mask), mask=mask)
+    tl.store(counts_ptr + pid, epoch)
