@@ -1,4 +1,4 @@
-"""The ``trident`` command: ``trident run -n N script.py [args]`` and ``trident info``."""
+"""The ``trident`` command: ``trident run -n N script.py [args]``, ``trident bench NAME`` and ``trident info``."""
 
 from __future__ import annotations
 
@@ -86,9 +86,21 @@ def main(argv: list[str] | None = None) -> int:
     run_p.add_argument("script", help="a Python script, or -m module")
     run_p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     sub.add_parser("info", help="print the backend, versions and GPUs")
-    ns = parser.parse_args(argv)
+    bench_p = sub.add_parser("bench", help="run a benchmark on N ranks: ccl")
+    bench_p.add_argument("name", choices=["ccl"])
+    bench_p.add_argument("-n", "--nproc", type=int, default=2, help="number of ranks")
+    bench_p.add_argument("args", nargs="*", help="arguments for the benchmark (see `trident bench NAME -- --help`)")
+    ns, extra = parser.parse_known_args(argv)
+    if ns.command == "bench":
+        ns.args += extra
+    elif extra:
+        if ns.command != "run":
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        ns.args += extra
     if ns.command == "info":
         return info()
+    if ns.command == "bench":
+        return run(ns.nproc, [sys.executable, "-m", f"trident.bench.{ns.name}", *ns.args])
     if ns.nproc < 1:
         parser.error(f"-n must be at least 1, got {ns.nproc}")
     if ns.script == "-m":

@@ -113,8 +113,7 @@ def _check_world_size(store: dist.Store, rank: int, world: int, timeout: float) 
 class Rendezvous:
     """All-gathers and barriers over the store, each named by a sequence number.
 
-    Waits poll in slices of ``SLICE`` seconds, which also keeps the store's client free for
-    other threads in between.
+    Waits poll the store, so that they can end as soon as the watchdog sees a rank go.
 
     Args:
         store: a torch.distributed Store shared by every rank.
@@ -122,8 +121,6 @@ class Rendezvous:
         rank, world_size: this process's place in the job.
         timeout: seconds before a wait gives up and names the missing ranks.
     """
-
-    SLICE = 0.2
 
     def __init__(self, store: dist.Store, prefix: str, rank: int, world_size: int, timeout: float):
         self.store = dist.PrefixStore(prefix, store)
@@ -143,24 +140,36 @@ class Rendezvous:
         return values
 
     def _wait(self, what: str, keys: list[str]) -> None:
-        """Wait for every key, in short slices, so a peer the watchdog saw go ends the wait at once."""
+        """Poll until every key exists; a peer the watchdog saw go ends the wait at once.
+
+        Polling with ``check`` (never a blocking ``wait``) keeps the store's client free for other
+        threads and reacts to lost ranks between polls; the pause grows from 0.5 ms to 20 ms.
+        """
         deadline = time.monotonic() + self.timeout
+        pause = 0.0005
         while True:
             try:
-                self.store.wait(keys, datetime.timedelta(seconds=self.SLICE))
-                return
-            except Exception as exc:
-                gone = self.peers_gone()
-                if gone:
-                    listing = "; ".join(f"rank {r}: {why}" for r, why in sorted(gone.items()))
-                    raise RankTimeoutError(f"rank {self.rank}: {what} cannot complete: a rank is gone ({listing})"
-                                           ) from exc
-                if time.monotonic() > deadline:
+                if self.store.check(keys):
+                    return
+                failure = None
+            except Exception as exc:  # the store's host (rank 0) may be gone: the watchdog will say
+                failure = exc
+            gone = self.peers_gone()
+            if gone:
+                listing = "; ".join(f"rank {r}: {why}" for r, why in sorted(gone.items()))
+                raise RankTimeoutError(f"rank {self.rank}: {what} cannot complete: a rank is gone ({listing})"
+                                       ) from failure
+            if time.monotonic() > deadline:
+                try:
                     missing = [r for r, key in enumerate(keys) if not self.store.check([key])]
-                    raise RankTimeoutError(
-                        f"rank {self.rank}: {what} timed out after {self.timeout:g} s waiting for ranks {missing} "
-                        f"(they never arrived: did they hang in a kernel, or take a different code path?)"
-                    ) from exc
+                except Exception:
+                    missing = "unknown (the store, hosted by rank 0, does not answer)"
+                raise RankTimeoutError(
+                    f"rank {self.rank}: {what} timed out after {self.timeout:g} s waiting for ranks {missing} "
+                    f"(they never arrived: did they hang in a kernel, or take a different code path?)"
+                ) from failure
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
 
     def broadcast(self, what: str, value: bytes | None, src: int) -> bytes:
         """Give every rank ``src``'s ``value`` (other ranks pass ``None``)."""

@@ -1,0 +1,1 @@
+"""Benchmarks run by ``trident bench NAME``: each prints a table and writes JSON and PNG files."""
