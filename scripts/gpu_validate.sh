@@ -23,3 +23,9 @@ if [ "$what" = examples ] || [ "$what" = all ]; then
   done 2>&1 | tee "$OUT/examples_cuda.log"
   timeout 300 python3 benchmarks/device_api_bandwidth.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -16
 fi
+if [ "$what" = ccl ] || [ "$what" = all ]; then
+  for n in ${CCL_RANKS:-2 4}; do
+    timeout 150 python3 -m trident bench ccl -n $n --max-bytes ${CCL_MAX_BYTES:-16777216} --repeats 10 \
+      --out "$OUT/ccl_$n" 2>&1 | grep -v "destroy_process_group" | tail -45
+  done 2>&1 | tee "$OUT/ccl_bench.log"
+fi
