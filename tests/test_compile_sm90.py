@@ -103,6 +103,11 @@ EXAMPLES = {
          "cols": "i32", "rank": "i32", "world_size": "i32", "heap_bases": "*i64", "BLOCK_R": "constexpr",
          "BLOCK_C": "constexpr"},
         {"BLOCK_R": 32, "BLOCK_C": 64}),
+    "fused_allreduce_rmsnorm.py:allreduce_add_rmsnorm_kernel": (
+        {"partial_ptr": "*fp32", "residual_ptr": "*fp32", "weight_ptr": "*fp32", "out_ptr": "*fp32", "hidden": "i32",
+         "eps": "fp32", "slots_ptr": "*i64", "counts_ptr": "*i64", "rank": "i32", "world_size": "i32",
+         "heap_bases": "*i64", "BLOCK": "constexpr", "WORLD_BLOCK": "constexpr"},
+        {"BLOCK": 256, "WORLD_BLOCK": 8}),
     "load_store.py:shift_right_kernel": (
         {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "rank": "i32", "world_size": "i32", "heap_bases": "*i64",
          "BLOCK": "constexpr"},
