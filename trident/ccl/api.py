@@ -180,21 +180,23 @@ def all_reduce(ctx, tensor: torch.Tensor, op="sum", algorithm: str = "auto") -> 
 
 
 def _split_table(ctx, in_splits, out_splits, rows_in: int, rows_out: int, what: str) -> torch.Tensor:
-    """Fill this rank's split table: rows sent to each rank, where they start, where received rows go."""
+    """Fill this rank's split table: rows sent to each rank, where they start, where received rows go.
+
+    Splits given on the host (lists, CPU tensors) are checked here; splits already on the GPU are
+    not, since checking them would make the host wait for the device (and break graph capture).
+    """
     table = workspace(ctx).table
     w = ctx.world_size
     sizes = []
     for name, splits, rows in (("in_splits", in_splits, rows_in), ("out_splits", out_splits, rows_out)):
-        s = torch.as_tensor(splits, dtype=torch.int64).to(ctx.device).reshape(-1)
+        on_device = isinstance(splits, torch.Tensor) and splits.device.type != "cpu"
+        s = splits if on_device else torch.as_tensor(splits, dtype=torch.int64)
         if s.numel() != w:
             raise ValueError(f"rank {ctx.rank}: {what}: {name} has {s.numel()} entries, expected world_size = {w}")
-        capturing = s.is_cuda and torch.cuda.is_current_stream_capturing()
-        if not capturing:  # checking needs the values on the host, which a graph capture cannot wait for
-            total = int(s.sum())
-            if total != rows or bool((s < 0).any()):
-                raise ValueError(f"rank {ctx.rank}: {what}: {name} {s.tolist()} must be non-negative and sum to "
-                                 f"the {rows} rows along dim 0")
-        sizes.append(s)
+        if not on_device and (int(s.sum()) != rows or bool((s < 0).any())):
+            raise ValueError(f"rank {ctx.rank}: {what}: {name} {s.tolist()} must be non-negative and sum to "
+                             f"the {rows} rows along dim 0")
+        sizes.append(s.reshape(-1).to(device=ctx.device, dtype=torch.int64))
     table[:w] = sizes[0]
     table[w:2 * w] = torch.cumsum(sizes[0], 0) - sizes[0]
     table[2 * w:] = torch.cumsum(sizes[1], 0) - sizes[1]
