@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -69,11 +70,11 @@ def test_a_lost_rank_ends_every_wait_fast_and_leaves_nothing(tmp_path, how):
     results = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)
                if (tmp_path / f"rank{r}.json").exists()}
     assert proc.returncode != 0 and sorted(results) == [0, 1], (proc.stdout, proc.stderr[-3000:])
-    victim = f"rank 2 is gone: process {pids[2]} exited"
+    gone = rf"process {pids[2]} (exited|is exiting)"  # caught after the exit, or while it is under way
     assert "trident.wait was aborted by the host" in results[0]["message"], results[0]
-    assert victim in results[0]["message"], results[0]
+    assert re.search(rf"rank 2 is gone: {gone}", results[0]["message"]), results[0]
     assert "cannot complete: a rank is gone" in results[1]["message"], results[1]
-    assert f"rank 2: process {pids[2]} exited" in results[1]["message"], results[1]
+    assert re.search(rf"rank 2: {gone}", results[1]["message"]), results[1]
     for r in (0, 1):
         assert results[r]["elapsed"] < 15, results[r]  # far below the 60 s timeouts
     assert _shm_files_of(pids.values()) == []

@@ -46,7 +46,7 @@ def all_gather_kernel(inp_ptr, out_ptr, n, flags_ptr, counts_ptr, rank, world_si
         for i in range(world_size):
             peer = (rank + i) % world_size
             value = load(inp_ptr + offs, rank, peer, heap_bases, mask=mask)
-            tl.store(out_ptr + peer.to(tl.int64) * n + offs, value, mask=mask)
+            tl.store(out_ptr + tl.cast(peer, tl.int64) * n + offs, value, mask=mask)
     _sync(flags_ptr, 2, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
     tl.store(counts_ptr + pid, epoch)
 
@@ -60,7 +60,7 @@ def reduce_scatter_kernel(inp_ptr, out_ptr, m, flags_ptr, counts_ptr, rank, worl
     _sync(flags_ptr, 0, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
     for tile in range(pid, tl.cdiv(m, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, m, BLOCK)
-        total = reduce_tile(inp_ptr + rank.to(tl.int64) * m + offs, rank, world_size, heap_bases, mask, OP, ACC)
+        total = reduce_tile(inp_ptr + tl.cast(rank, tl.int64) * m + offs, rank, world_size, heap_bases, mask, OP, ACC)
         tl.store(out_ptr + offs, total, mask=mask)
     _sync(flags_ptr, 2, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
     tl.store(counts_ptr + pid, epoch)
@@ -135,7 +135,7 @@ def all_reduce_two_shot_kernel(x_ptr, scratch_ptr, n, chunk, flags_ptr, counts_p
     tiles = tl.cdiv(chunk, BLOCK)
     for tile in range(pid, tiles, tl.num_programs(0)):
         local, in_chunk = _tile(tile, chunk, BLOCK)
-        offs = rank.to(tl.int64) * chunk + local
+        offs = tl.cast(rank, tl.int64) * chunk + local
         mask = in_chunk & (offs < n)
         tl.store(scratch_ptr + offs, reduce_tile(x_ptr + offs, rank, world_size, heap_bases, mask, OP, ACC),
                  mask=mask)
@@ -144,7 +144,7 @@ def all_reduce_two_shot_kernel(x_ptr, scratch_ptr, n, chunk, flags_ptr, counts_p
         owner = (rank + i) % world_size
         for tile in range(pid, tiles, tl.num_programs(0)):
             local, in_chunk = _tile(tile, chunk, BLOCK)
-            offs = owner.to(tl.int64) * chunk + local
+            offs = tl.cast(owner, tl.int64) * chunk + local
             mask = in_chunk & (offs < n)
             tl.store(x_ptr + offs, load(scratch_ptr + offs, rank, owner, heap_bases, mask=mask), mask=mask)
     tl.store(counts_ptr + pid, epoch)

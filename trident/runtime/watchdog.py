@@ -16,9 +16,15 @@ import os
 import socket
 import threading
 
+_PF_EXITING = 0x4  # the kernel's task flag for a process that has begun to exit (see proc(5), /proc/pid/stat)
+
 
 def process_state(pid: int) -> str | None:
-    """None while ``pid`` runs; otherwise a short description of what became of it."""
+    """None while ``pid`` runs; otherwise a short description of what became of it.
+
+    A process counts as gone from the moment it begins to exit: a process with a GPU context can
+    spend seconds in the driver's teardown (longer while other processes' kernels hold the GPU).
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -27,10 +33,15 @@ def process_state(pid: int) -> str | None:
         return None  # it exists, owned by someone else
     try:
         with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+            fields = f.read().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, tty, tpgid, flags, ...
+        state, flags = fields[0], int(fields[6])
+    except (OSError, IndexError, ValueError):
         return None
-    return f"process {pid} exited (a zombie, not yet reaped)" if state in ("Z", "X") else None
+    if state in ("Z", "X"):
+        return f"process {pid} exited (a zombie, not yet reaped)"
+    if flags & _PF_EXITING:  # tearing down: a GPU process can take long over it, but it is gone for us
+        return f"process {pid} is exiting"
+    return None
 
 
 def identity() -> tuple[str, int]:
