@@ -1,0 +1,63 @@
+"""The collective kernels compile for sm_90 (CI has no GPU, so nothing else compiles them).
+
+Triton specializes an integer argument equal to 1 into a compile-time constant, so a kernel
+must also compile when ``rank``, ``world_size`` or a size is 1: each kernel is built both ways.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHILD = r'''
+import json, os, sys
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from trident.ccl import kernels as K
+
+COMMON = {"flags_ptr": "*i64", "counts_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64",
+          "BLOCK": "constexpr", "MAX_PROGRAMS": "constexpr", "WORLD_BLOCK": "constexpr"}
+CASES = {
+    "all_gather": (K.all_gather_kernel, {"inp_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32"}, {}),
+    "reduce_scatter": (K.reduce_scatter_kernel, {"inp_ptr": "*fp16", "out_ptr": "*fp16", "m": "i32", "OP": "constexpr",
+                       "ACC": "constexpr"}, {"OP": "sum", "ACC": tl.float32}),
+    "all_to_all": (K.all_to_all_kernel, {"inp_ptr": "*fp32", "out_ptr": "*fp32", "table_ptr": "*i64", "inner": "i32"},
+                   {}),
+    "broadcast": (K.broadcast_kernel, {"x_ptr": "*i32", "n": "i32", "src": "i32"}, {}),
+    "one_shot": (K.all_reduce_one_shot_kernel, {"x_ptr": "*bf16", "scratch_ptr": "*bf16", "n": "i32",
+                 "OP": "constexpr", "ACC": "constexpr"}, {"OP": "max", "ACC": tl.float32}),
+    "two_shot": (K.all_reduce_two_shot_kernel, {"x_ptr": "*i64", "scratch_ptr": "*i64", "n": "i32", "chunk": "i32",
+                 "OP": "constexpr", "ACC": "constexpr"}, {"OP": "min", "ACC": tl.int64}),
+}
+results = {}
+for name, (fn, sig, cst) in CASES.items():
+    for ones in (False, True):
+        signature = {**sig, **COMMON}
+        constexprs = {"BLOCK": 1024, "MAX_PROGRAMS": 256, "WORLD_BLOCK": 8, **cst}
+        if ones:  # what Triton does when these arguments are 1
+            for arg in ("rank", "world_size", "n", "m", "chunk", "inner", "src"):
+                if arg in signature:
+                    signature[arg] = "constexpr"
+                    constexprs[arg] = 1
+        try:
+            triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                           target=GPUTarget("cuda", 90, 32))
+            results[f"{name}{'-ones' if ones else ''}"] = "ok"
+        except Exception as exc:
+            results[f"{name}{'-ones' if ones else ''}"] = f"{type(exc).__name__}: {exc}"[-1500:]
+print(json.dumps(results))
+'''
+
+
+def test_collective_kernels_compile_for_sm90_also_with_arguments_equal_to_one(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRIDENT_BACKEND="cuda", PYTHONPATH=ROOT, TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == 12
+    failed = {k: v for k, v in results.items() if v != "ok"}
+    assert not failed, failed
