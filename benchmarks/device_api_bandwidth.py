@@ -166,7 +166,7 @@ def _plot(rows, device, path) -> None:
     ax.set_xticks([j + width * (len(sizes) - 1) / 2 for j in range(len(names))], names, rotation=15)
     ax.set_ylabel("GB/s (read + write)")
     ax.set_title(f"trident device API vs plain Triton copy, {device}")
-    ax.legend()
+    ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
