@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .. import config
-from ..errors import DivergenceError
+from ..errors import DivergenceError, NotSymmetricError
 from . import kernels
 from .workspace import MAX_PROGRAMS, workspace
 
@@ -68,12 +68,22 @@ def _agree(ctx, what: str, *facts) -> None:
             raise DivergenceError(f"rank {ctx.rank}: ranks called collectives with different arguments: {listing}")
 
 
-def _launch(ctx, kernel, work_items: int, *args, **constexprs) -> None:
-    """Launch ``kernel`` with enough programs for the work, at most one per SM (a few in the simulator)."""
+def _program_limit(ctx) -> int:
+    """At most one program per SM (a few in the simulator, whose programs run one after another)."""
+    limit = 4 if ctx.backend == "sim" else torch.cuda.get_device_properties(ctx.device).multi_processor_count
+    return min(limit, MAX_PROGRAMS)
+
+
+def _launch(ctx, kernel, work_items: int | None, *args, **constexprs) -> None:
+    """Launch ``kernel`` with enough programs for the work, up to the limit.
+
+    ``work_items`` must be the same on every rank: program ``pid`` meets program ``pid`` of the
+    other ranks. None launches the limit (for work whose size differs between ranks).
+    """
     ws = workspace(ctx)
     block = constexprs.pop("BLOCK")
-    limit = 4 if ctx.backend == "sim" else torch.cuda.get_device_properties(ctx.device).multi_processor_count
-    programs = max(1, min(triton.cdiv(max(work_items, 1), block), limit, MAX_PROGRAMS))
+    limit = _program_limit(ctx)
+    programs = limit if work_items is None else max(1, min(triton.cdiv(max(work_items, 1), block), limit))
     kernel[(programs,)](*args, ws.flags, ws.counts, ctx.rank, ctx.world_size, ctx.heap_bases, BLOCK=block,
                         MAX_PROGRAMS=MAX_PROGRAMS, WORLD_BLOCK=triton.next_power_of_2(ctx.world_size),
                         num_warps=4 if block <= 2048 else 8, **constexprs)
@@ -207,25 +217,35 @@ def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_split
     """Exchange rows (dim 0) with per-rank sizes, like ``all_to_all_single`` with split sizes (MoE dispatch).
 
     Args:
-        out: receives ``out_splits[p]`` rows from each rank ``p``, in rank order.
-        inp: sends ``in_splits[p]`` rows to each rank ``p``, in rank order.
+        out: receives ``out_splits[p]`` rows from each rank ``p``, in rank order (any tensor).
+        inp: sends ``in_splits[p]`` rows to each rank ``p``, in rank order. It must be symmetric
+            (allocate it once with the largest row count, e.g. ``ctx.empty(capacity, hidden)``, and
+            pass ``buf[:rows]``): row counts differ between ranks, so no staging buffer could have
+            the same size everywhere without a host round trip.
         out_splits, in_splits: lists or int tensors of ``world_size`` row counts; ``out_splits[p]``
             must equal rank p's ``in_splits[this rank]``. Device tensors keep the call graph-capturable.
 
     Example::
 
-        trident.ccl.all_to_all_v(ctx, out, tokens, out_splits=recv_counts, in_splits=send_counts)
+        trident.ccl.all_to_all_v(ctx, out, tokens[:n], out_splits=recv_counts, in_splits=send_counts)
     """
     _check(ctx, "all_to_all_v", out=out, inp=inp)
-    if out.dim() == 0 or inp.dim() == 0 or out.shape[1:] != inp.shape[1:]:
-        raise ValueError(f"rank {ctx.rank}: all_to_all_v: out {tuple(out.shape)} and inp {tuple(inp.shape)} must "
+    if not ctx.is_symmetric(inp):
+        raise NotSymmetricError(
+            f"rank {ctx.rank}: all_to_all_v: inp must be a symmetric tensor (its size differs between ranks, so "
+            f"it cannot be staged): allocate a buffer of the largest size with ctx.empty and pass a slice of it"
+        )
+    return _all_to_all_rows(ctx, out, inp, out_splits, in_splits, "all_to_all_v")
+
+
+def _all_to_all_rows(ctx, out, source, out_splits, in_splits, what: str) -> torch.Tensor:
+    if out.dim() == 0 or source.dim() == 0 or out.shape[1:] != source.shape[1:]:
+        raise ValueError(f"rank {ctx.rank}: {what}: out {tuple(out.shape)} and inp {tuple(source.shape)} must "
                          f"have at least one dimension and match beyond dim 0")
-    inner = math.prod(inp.shape[1:])
-    table = _split_table(ctx, in_splits, out_splits, inp.shape[0], out.shape[0], "all_to_all_v")
-    _agree(ctx, "all_to_all_v", tuple(inp.shape[1:]), inp.dtype)
-    source = _on_heap(ctx, inp, "input", copy_in=True)
-    _launch(ctx, kernels.all_to_all_kernel, max(out.numel() // max(ctx.world_size, 1), 1), source, out, table,
-            inner, BLOCK=_block(ctx, out.numel()))
+    table = _split_table(ctx, in_splits, out_splits, source.shape[0], out.shape[0], what)
+    _agree(ctx, what, tuple(source.shape[1:]), source.dtype)
+    _launch(ctx, kernels.all_to_all_kernel, None, source, out, table, math.prod(source.shape[1:]),
+            BLOCK=_block(ctx, out.numel()))
     return out
 
 
@@ -244,7 +264,8 @@ def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"rank {ctx.rank}: all_to_all: inp {tuple(inp.shape)} needs dim 0 divisible by "
                          f"world_size = {w}, and out {tuple(out.shape)} the same shape")
     rows = inp.shape[0] // w
-    return all_to_all_v(ctx, out, inp, [rows] * w, [rows] * w)
+    source = _on_heap(ctx, inp, "input", copy_in=True)  # equal sizes everywhere: staging is collective
+    return _all_to_all_rows(ctx, out, source, [rows] * w, [rows] * w, "all_to_all")
 
 
 def broadcast(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
