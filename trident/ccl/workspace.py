@@ -24,6 +24,8 @@ class Workspace:
         self.counts = ctx.zeros(MAX_PROGRAMS, dtype=torch.int64)
         self.table = ctx.zeros(3 * ctx.world_size, dtype=torch.int64)
         self._buffers: dict[str, torch.Tensor] = {}
+        # A faster rank must not signal into our slots before we have zeroed them.
+        ctx.barrier()
 
     def buffer(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A symmetric scratch tensor of ``numel`` elements; grows (by powers of two) when needed."""
