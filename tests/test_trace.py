@@ -1,0 +1,121 @@
+"""Tracing: kernels record events into a heap buffer on 2 ranks; the exports have the right structure."""
+
+import json
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import trident
+import trident.trace as tt
+
+
+@triton.jit
+def traced_kernel(x_ptr, y_ptr, trace_ptr, n, rank, world_size, heap_bases, BLOCK: tl.constexpr,
+                  TRACE: tl.constexpr):
+    """Each program doubles one tile (compute), then puts it into the right neighbour's y (comm)."""
+    tile = tl.program_id(0)
+    offs = tile * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    t0 = tt.now()
+    x = tl.load(x_ptr + offs, mask=mask) * 2
+    tt.record(trace_ptr, tt.COMPUTE, tile, rank, t0, rank, TRACE)
+    right = (rank + 1) % world_size
+    t1 = tt.now()
+    trident.store(y_ptr + offs, x, rank, right, heap_bases, mask=mask)
+    tt.record(trace_ptr, tt.COMM, tile, right, t1, rank, TRACE)
+
+
+def _run(ctx, tiles, capacity, trace_on):
+    block = 16
+    n = tiles * block
+    trace = tt.Trace(ctx, capacity=capacity)
+    canary = ctx.full((64,), -7, dtype=torch.int64)  # right after the buffer on the heap
+    x = ctx.arange(n, dtype=torch.float32)
+    y = ctx.zeros(n, dtype=torch.float32)
+    ctx.barrier()
+    traced_kernel[(tiles,)](x, y, trace.ptr, n, ctx.rank, ctx.world_size, ctx.heap_bases, BLOCK=block,
+                            TRACE=trace_on)
+    ctx.barrier()
+    assert torch.equal(y.cpu(), torch.arange(n, dtype=torch.float32) * 2)
+    mine = trace.events()
+    merged = trace.gather()
+    return {"mine": [tuple(e) for e in mine], "mine_dropped": mine.dropped, "all": [tuple(e) for e in merged],
+            "dropped_by_rank": merged.dropped_by_rank, "canary_ok": bool((canary == -7).all()),
+            "chrome": trace.to_chrome(f"/tmp/trident-test-trace-{ctx.rank}.json") if ctx.rank == 0 else None}
+
+
+def test_events_recorded_on_every_rank_and_gathered(pool2):
+    results = pool2.run(_run, 4, 64, True)
+    for rank, res in enumerate(results):
+        mine = [tt.Event(*e) for e in res["mine"]]
+        assert len(mine) == 8 and res["mine_dropped"] == 0
+        assert {e.rank for e in mine} == {rank}
+        assert sorted(e.tile for e in mine if e.kind == tt.COMPUTE) == [0, 1, 2, 3]
+        assert sorted(e.tile for e in mine if e.kind == tt.COMM) == [0, 1, 2, 3]
+        assert all(e.peer == (rank + 1) % 2 for e in mine if e.kind == tt.COMM)
+        assert all(e.peer == rank for e in mine if e.kind == tt.COMPUTE)
+        assert all(e.program == e.tile for e in mine)  # one tile per program here
+        assert all(0 < e.t_start <= e.t_end for e in mine)
+        for tile in range(4):  # a program's comm starts after its compute ended
+            comp = next(e for e in mine if e.kind == tt.COMPUTE and e.tile == tile)
+            comm = next(e for e in mine if e.kind == tt.COMM and e.tile == tile)
+            assert comp.t_end <= comm.t_start
+        assert len(res["all"]) == 16 and {e[6] for e in res["all"]} == {0, 1}
+        assert res["all"] == results[0]["all"]
+        assert res["canary_ok"]
+
+
+def test_chrome_export_structure(pool2):
+    doc = pool2.run(_run, 3, 64, True)[0]["chrome"]
+    json.loads(json.dumps(doc))  # serializable
+    with open("/tmp/trident-test-trace-0.json") as f:
+        assert json.load(f) == doc
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    meta = [e for e in doc["traceEvents"] if e["ph"] == "M"]
+    assert len(spans) == 2 * 3 * 2
+    assert {e["pid"] for e in spans} == {0, 1}
+    assert {e["cat"] for e in spans} == {"compute", "comm"}
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in spans)  # every started event ends
+    assert min(e["ts"] for e in spans) == 0
+    assert {(e["pid"], e["args"]["tile"]) for e in spans} == {(r, t) for r in (0, 1) for t in range(3)}
+    names = {(e["pid"], e["args"]["name"]) for e in meta if e["name"] == "process_name"}
+    assert names == {(0, "rank 0"), (1, "rank 1")}
+    threads = {(e["pid"], e["tid"]) for e in meta if e["name"] == "thread_name"}
+    assert threads == {(e["pid"], e["tid"]) for e in spans}
+    assert doc["otherData"]["dropped_events"] == 0
+
+
+def test_full_buffer_drops_and_counts_without_writing_past_it(pool2):
+    results = pool2.run(_run, 4, 3, True)  # 8 events per rank, room for 3
+    for res in results:
+        assert len(res["mine"]) == 3 and res["mine_dropped"] == 5
+        assert res["dropped_by_rank"] == {0: 5, 1: 5}
+        assert res["canary_ok"]
+    assert results[0]["chrome"]["otherData"]["dropped_events"] == 10
+
+
+def test_disabled_records_nothing(pool2):
+    res = pool2.run(_run, 2, 16, False)[0]
+    assert res["mine"] == [] and res["all"] == [] and res["mine_dropped"] == 0
+
+
+def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    events = tt.Events([tt.Event(tt.COMPUTE.value, p, p, r, 1000 + 50 * p, 1400 + 50 * p, r) for r in range(2)
+                        for p in range(3)]
+                       + [tt.Event(tt.COMM.value, p, p, 1 - r, 1500, 1900, r) for r in range(2) for p in range(3)],
+                       {0: 0, 1: 2})
+    path = tt.plot_timeline(events, str(tmp_path / "t.png"), title="test")
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
+
+
+def test_decode_ignores_unwritten_slots():
+    buf = torch.zeros(8 + 2 * 8, dtype=torch.int64)
+    buf[0], buf[1] = 2, 2
+    buf[8:16] = torch.tensor([1, 4, 9, 0, 10, 20, 1, 1])  # slot 0 written; slot 1 reserved, not yet written
+    events = tt.decode(buf, rank=1)
+    assert events == [tt.Event(1, 4, 9, 0, 10, 20, 1)] and events.dropped == 0
+    assert events[0].kind_name == "comm"
