@@ -1,0 +1,162 @@
+"""``trident bench gemm``: trident's persistent matmul against torch.matmul (cuBLAS) on one GPU.
+
+Shapes (M x N x K): the paper's full products 8192x4608x36864 and 8192x3584x14336, their per-rank
+column shards for 8 ranks (N = 576 and 448), and 4096-class squares. For each shape: the table's
+config (``trident.ops.pick_config``) and, with ``--sweep``, a list of candidate configs; each
+checked against torch first, then timed (median of ``--repeats`` CUDA-event timings after warm-up,
+on random data). Writes JSON (GPU, driver, versions, date, every row) and prints a table.
+One process is enough (``trident bench gemm``); in the simulator it runs tiny shapes as a smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+
+import torch
+import triton
+
+import trident  # noqa: F401  (picks the backend before any kernel is defined)
+from trident.ops.matmul import MatmulConfig, matmul, pick_config
+
+PAPER_SHAPES = [(8192, 4608, 36864), (8192, 3584, 14336), (8192, 576, 36864), (8192, 448, 14336),
+                (4096, 4096, 4096), (4096, 4096, 16384)]
+SIM_SHAPES = [(64, 48, 80), (96, 64, 32)]
+
+C = MatmulConfig
+SWEEP = [
+    C(128, 256, 64, 8, 8, 3), C(128, 256, 64, 8, 8, 4, c_tma=True, subtile=True),
+    C(128, 256, 64, 8, 8, 3, c_tma=True, subtile=True), C(128, 256, 64, 8, 8, 3, flatten=True),
+    C(128, 256, 64, 8, 8, 4, c_tma=True, subtile=True, flatten=True),
+    C(256, 128, 64, 8, 8, 3), C(256, 128, 64, 8, 8, 4, c_tma=True, subtile=True),
+    C(128, 128, 64, 8, 8, 4), C(128, 128, 64, 8, 4, 4), C(128, 128, 64, 8, 8, 5, c_tma=True),
+    C(128, 128, 64, 8, 8, 4, flatten=True), C(128, 128, 128, 8, 8, 3),
+    C(128, 64, 64, 8, 4, 5), C(128, 64, 128, 8, 4, 4), C(64, 128, 64, 8, 4, 5),
+    C(128, 128, 64, 16, 8, 4), C(128, 256, 64, 16, 8, 3),
+]
+
+
+def _time_ms(fn, warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        fn()
+    if not torch.cuda.is_available():
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(samples)
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return statistics.median(samples)
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
+
+
+def bench_shape(M, N, K, dtype, device, configs, warmup, repeats) -> list[dict]:
+    """Rows for one shape: torch.matmul, then each config (``error`` instead of a time when it fails)."""
+    gen = torch.Generator(device=device).manual_seed(M + N + K)
+    A = torch.randn(M, K, device=device, dtype=dtype, generator=gen)
+    B = torch.randn(K, N, device=device, dtype=dtype, generator=gen)
+    flops = 2.0 * M * N * K
+    want = torch.matmul(A, B)
+    ms = _time_ms(lambda: torch.matmul(A, B), warmup, repeats)
+    rows = [{"shape": [M, N, K], "impl": "torch.matmul", "ms": ms, "tflops": flops / ms / 1e9}]
+    out = torch.empty(M, N, device=device, dtype=dtype)
+    for cfg in configs:
+        row = {"shape": [M, N, K], "impl": "trident", "config": dataclasses.asdict(cfg)}
+        try:
+            out.fill_(float("nan"))
+            matmul(A, B, out=out, config=cfg)
+            err = _rel_err(out, want)
+            row["rel_err_vs_torch"] = err
+            if not err < 2e-2:
+                raise RuntimeError(f"wrong result: relative error {err:.3g} against torch.matmul")
+            row["ms"] = _time_ms(lambda cfg=cfg: matmul(A, B, out=out, config=cfg), warmup, repeats)
+            row["tflops"] = flops / row["ms"] / 1e9
+            row["vs_torch"] = ms / row["ms"]
+        except Exception as exc:  # a config that does not fit (shared memory) or fails: recorded, not fatal
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        rows.append(row)
+    return rows
+
+
+def metadata(dtype) -> dict:
+    """GPU, driver, versions and date for the JSON record."""
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
+            "dtype": str(dtype).replace("torch.", ""), "backend": trident.config.BACKEND}
+    if torch.cuda.is_available():
+        meta["gpu"] = torch.cuda.get_device_name()
+        meta["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+        try:
+            meta["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                            capture_output=True, text=True, timeout=20).stdout.strip()
+        except Exception:
+            meta["driver"] = "unknown"
+    else:
+        meta["gpu"] = "cpu (simulator)"
+    return meta
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="trident bench gemm", description=__doc__)
+    parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
+    parser.add_argument("--shapes", default=None, help="MxNxK,MxNxK,... (default: the paper's shapes)")
+    parser.add_argument("--sweep", action="store_true", help="also time the candidate configs")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--out", default="results/gemm")
+    args = parser.parse_args(argv)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return  # one GPU, one process: other ranks of a `trident bench -n N` launch have nothing to do
+    dtype = getattr(torch, args.dtype)
+    cuda = torch.cuda.is_available() and trident.config.BACKEND == "cuda"
+    device = torch.device("cuda" if cuda else "cpu")
+    if args.shapes:
+        shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    else:
+        shapes = PAPER_SHAPES if cuda else SIM_SHAPES
+    if not cuda:
+        args.warmup, args.repeats = 1, 2
+    rows = []
+    for M, N, K in shapes:
+        table = pick_config(M, N, K, dtype, "cuda" if cuda else "sim")
+        configs = [table] + ([c for c in SWEEP if c != table] if args.sweep and cuda else [])
+        shape_rows = bench_shape(M, N, K, dtype, device, configs, args.warmup, args.repeats)
+        shape_rows[1]["table_config"] = True
+        rows += shape_rows
+        best = max((r for r in shape_rows[1:] if "ms" in r), key=lambda r: r["tflops"], default=None)
+        torch_row = shape_rows[0]
+        line = f"{M}x{N}x{K}: torch {torch_row['tflops']:.0f} TFLOP/s"
+        if "ms" in shape_rows[1]:
+            line += f" | table config {shape_rows[1]['tflops']:.0f} ({100 * shape_rows[1]['vs_torch']:.1f}%)"
+        if best is not None and args.sweep:
+            line += f" | best {best['tflops']:.0f} ({100 * best['vs_torch']:.1f}%) {best['config']}"
+        print(line, flush=True)
+    record = {"benchmark": "gemm", "meta": metadata(dtype), "performance_figure": cuda, "rows": rows}
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "gemm.json")
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

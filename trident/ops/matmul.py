@@ -1,0 +1,199 @@
+"""A persistent Triton matmul for Hopper: ``trident.ops.matmul(A, B)``.
+
+One program per SM walks the output tiles in grouped order (:func:`~trident.ops.tiles.tile_coords`),
+reads A and B through tensor descriptors (TMA) when their layout allows and through pointers
+otherwise, accumulates in fp32 and stores the tile in C's dtype. The block sizes come from a
+small table keyed by the shape (:func:`pick_config`), measured on an H200
+(docs/gemm-all-scatter.md); in the simulator small blocks keep the interpreter quick.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .. import config as _config
+from ..backends import interpreter_fixups
+from .tiles import tile_coords, tile_dot, tile_offsets
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulConfig:
+    """Tile shape and launch parameters of the persistent matmul.
+
+    ``programs`` is the persistent grid (None: one per SM on a GPU, a few in the simulator).
+    ``tma`` None reads A and B through descriptors whenever their layout allows, False never;
+    ``c_tma`` stores C through one too (when A, B and C allow), ``subtile`` in two halves.
+    """
+
+    BLOCK_M: int = 128
+    BLOCK_N: int = 256
+    BLOCK_K: int = 64
+    GROUP_M: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+    programs: int | None = None
+    tma: bool | None = None
+    c_tma: bool = False
+    subtile: bool = False
+    flatten: bool = False
+
+
+#: The simulator: small tiles, since every program runs in Python.
+SIM_CONFIG = MatmulConfig(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=1)
+
+#: H200 configs by shape class (see docs/gemm-all-scatter.md for the sweep that chose them).
+GPU_CONFIGS = {
+    "wide": MatmulConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
+    "narrow": MatmulConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4),
+    "small": MatmulConfig(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4),
+}
+
+
+def pick_config(M: int, N: int, K: int, dtype: torch.dtype, backend: str | None = None) -> MatmulConfig:
+    """The table's config for an ``M x K @ K x N`` product.
+
+    Example::
+
+        cfg = pick_config(8192, 576, 36864, torch.bfloat16)
+    """
+    if (backend or _config.BACKEND) == "sim":
+        return SIM_CONFIG
+    if M * N <= 1024 * 1024:
+        return GPU_CONFIGS["small"]
+    if dtype == torch.float32:  # fp32 tiles are twice the bytes: halve the N block
+        return dataclasses.replace(GPU_CONFIGS["narrow"], num_stages=3)
+    return GPU_CONFIGS["wide"] if N >= 1024 else GPU_CONFIGS["narrow"]
+
+
+@triton.jit
+def matmul_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                  USE_TMA: tl.constexpr, C_TMA: tl.constexpr, SUBTILE: tl.constexpr, FLATTEN: tl.constexpr):
+    """``C = A @ B``, persistent: program ``pid`` computes tiles ``pid, pid + P, ...`` (P programs).
+
+    With ``C_TMA`` the tile leaves through a descriptor (a bulk tensor store), in two halves along
+    N when ``SUBTILE`` (half the shared memory for the epilogue, so more stages fit).
+    """
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0), flatten=FLATTEN):
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+        if C_TMA:
+            if SUBTILE:
+                halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+                left, right = tl.split(halves)
+                c.store([pid_m * BLOCK_M, pid_n * BLOCK_N], left.to(c.dtype))
+                c.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], right.to(c.dtype))
+            else:
+                c.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c.dtype))
+        else:
+            offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+            tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
+
+
+def tma_ok(t: torch.Tensor) -> bool:
+    """Whether a 2-D tensor can be read through a TMA descriptor: unit inner stride, 16-byte aligned
+    base and row stride."""
+    return (t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
+            and (t.stride(0) * t.element_size()) % 16 == 0 and t.shape[1] * t.element_size() >= 16)
+
+
+def operands(A: torch.Tensor, B: torch.Tensor, cfg: MatmulConfig):
+    """``(a, b, use_tma)``: descriptors for A and B when the config and the layouts allow, else the tensors."""
+    use_tma = cfg.tma is not False and tma_ok(A) and tma_ok(B)
+    if cfg.tma and not use_tma:
+        raise ValueError("config asks for TMA (tma=True) but A or B is not 16-byte aligned with a unit inner stride")
+    if not use_tma:
+        return A, B, False
+    return (TensorDescriptor.from_tensor(A, [cfg.BLOCK_M, cfg.BLOCK_K]),
+            TensorDescriptor.from_tensor(B, [cfg.BLOCK_K, cfg.BLOCK_N]), True)
+
+
+def num_programs(device: torch.device, tiles: int, cfg: MatmulConfig) -> int:
+    """The persistent grid: ``cfg.programs``, else one program per SM (4 in the simulator), at most ``tiles``."""
+    if cfg.programs:
+        limit = cfg.programs
+    elif device.type == "cuda":
+        limit = torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        limit = 4
+    return max(1, min(tiles, limit))
+
+
+def check_operands(A: torch.Tensor, B: torch.Tensor, what: str) -> None:
+    """Raise a clear error unless A (M x K) and B (K x N) are 2-D, on one device, of one supported dtype."""
+    for name, t in (("A", A), ("B", B)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{what}: {name} must be 2-D, got shape {tuple(t.shape)}")
+        if t.dtype not in DTYPES:
+            raise ValueError(f"{what}: {name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
+    if A.dtype != B.dtype:
+        raise ValueError(f"{what}: A and B must share one dtype, got {A.dtype} and {B.dtype}")
+    if A.device != B.device:
+        raise ValueError(f"{what}: A is on {A.device} but B on {B.device}")
+    if A.shape[1] != B.shape[0]:
+        raise ValueError(f"{what}: K mismatch: A is {tuple(A.shape)} (M x K) but B is {tuple(B.shape)} (K x N)")
+
+
+def launch_matmul(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: MatmulConfig) -> None:
+    """Launch the persistent matmul ``C = A @ B`` on the current stream (no checks; C may be a strided view)."""
+    M, K = A.shape
+    N = B.shape[1]
+    if not A.is_cuda:  # the simulator's interpreter fix-ups (loops over runtime sizes), also without a context
+        interpreter_fixups.apply()
+    a, b, use_tma = operands(A, B, cfg)
+    c_tma = use_tma and cfg.c_tma and tma_ok(C)
+    c = TensorDescriptor.from_tensor(C, [cfg.BLOCK_M, cfg.BLOCK_N // (2 if cfg.subtile else 1)]) if c_tma else C
+    tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
+    grid = (num_programs(A.device, tiles, cfg),)
+    matmul_kernel[grid](a, b, c, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0),
+                        C.stride(1), BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+                        GROUP_M=cfg.GROUP_M, USE_TMA=use_tma, C_TMA=c_tma,
+                        SUBTILE=cfg.subtile, FLATTEN=cfg.flatten,
+                        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def matmul(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
+           config: MatmulConfig | None = None) -> torch.Tensor:
+    """``A @ B`` with the persistent Triton matmul (fp32 accumulation).
+
+    Args:
+        A: ``M x K``, float16, bfloat16 or float32 (float32 multiplies in TF32 on GPUs, like
+            Triton's ``tl.dot``).
+        B: ``K x N``, the same dtype and device.
+        out: optional ``M x N`` result of that dtype (any strides); a new tensor when None.
+        config: a :class:`MatmulConfig`; None picks one from the table (:func:`pick_config`).
+
+    Returns:
+        ``out`` (or the new tensor) holding ``A @ B``.
+
+    Example::
+
+        C = trident.ops.matmul(torch.randn(512, 256, device="cuda", dtype=torch.bfloat16),
+                               torch.randn(256, 384, device="cuda", dtype=torch.bfloat16))
+    """
+    check_operands(A, B, "matmul")
+    M, N = A.shape[0], B.shape[1]
+    if out is None:
+        out = torch.empty(M, N, dtype=A.dtype, device=A.device)
+    elif not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N) or out.dtype != A.dtype \
+            or out.device != A.device:
+        got = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"matmul: out must be ({M}, {N}) {A.dtype} on {A.device}, got {got}")
+    if M == 0 or N == 0:
+        return out
+    if A.shape[1] == 0:
+        return out.zero_()
+    launch_matmul(A, B, out, config or pick_config(M, N, A.shape[1], A.dtype, "cuda" if A.is_cuda else "sim"))
+    return out

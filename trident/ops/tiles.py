@@ -1,0 +1,115 @@
+"""Tile-level building blocks shared by the matmul and the GEMM + communication patterns.
+
+A persistent kernel walks output tiles ``tile = pid, pid + P, pid + 2P, ...``; for each one it
+asks :func:`tile_coords` where the tile sits, :func:`tile_dot` for its fp32 accumulator, and
+:func:`tile_offsets` for where it goes. Two ways to read A and B, chosen by ``USE_TMA``
+(a ``tl.constexpr``):
+
+* ``USE_TMA=True``: ``a`` and ``b`` are host-made ``TensorDescriptor`` objects, and each block
+  is one bulk tensor copy (TMA on Hopper) into shared memory; out-of-range rows and columns
+  read as zero. Needs 16-byte aligned bases and row strides.
+* ``USE_TMA=False``: ``a`` and ``b`` are plain pointers with strides; any layout, any alignment.
+
+Both run in the simulator (Triton 3.6's interpreter executes descriptor loads).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import config
+
+# Triton's interpreter (3.6 and 3.9) multiplies bf16 blocks wrongly in tl.dot (it reads the raw
+# bits): in the simulator bf16 operands are widened to fp32 first, which gives the same result.
+_SIM = tl.constexpr(config.BACKEND == "sim")
+
+
+@triton.jit
+def _dot(x, y, acc):
+    if _SIM and x.dtype == tl.bfloat16:
+        x = x.to(tl.float32)
+        y = y.to(tl.float32)
+    return tl.dot(x, y, acc)
+
+
+@triton.jit
+def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Row and column (in tiles) of output tile ``tile_id`` in grouped order.
+
+    Consecutive tile ids walk down a group of ``GROUP_M`` tile rows before moving one tile
+    column right, so programs running at the same time share rows of A and columns of B in L2.
+
+    Returns:
+        ``(pid_m, pid_n)``.
+
+    Example::
+
+        pid_m, pid_n = tile_coords(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), 8)
+    """
+    in_group = GROUP_M * num_pid_n
+    first_m = (tile_id // in_group) * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile_id % in_group) % group_m
+    pid_n = (tile_id % in_group) // group_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr):
+    """One output tile of ``A @ B`` as an fp32 accumulator of shape ``(BLOCK_M, BLOCK_N)``.
+
+    Args:
+        a, b: descriptors (``USE_TMA``) or pointers to A (M x K) and B (K x N).
+        pid_m, pid_n: the tile, from :func:`tile_coords`.
+        M, N, K, stride_*: sizes and element strides (the strides are ignored with ``USE_TMA``).
+
+    Returns:
+        The fp32 tile; rows and columns past M and N hold garbage or zeros (mask them on store).
+
+    Example::
+
+        acc = tile_dot(a, b, pid_m, pid_n, M, N, K, K, 1, N, 1, 128, 128, 64, True)
+    """
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    if USE_TMA:
+        for ki in range(k_tiles):
+            x = a.load([off_m, ki * BLOCK_K])
+            y = b.load([ki * BLOCK_K, off_n])
+            acc = _dot(x, y, acc)
+    else:
+        # Rows and columns past the edge wrap around (% M, % N): the loads stay in bounds without
+        # masks, and the store masks those lanes out. Only the K edge needs masking (zeros).
+        rm = (off_m + tl.arange(0, BLOCK_M)) % M
+        rn = (off_n + tl.arange(0, BLOCK_N)) % N
+        rk = tl.arange(0, BLOCK_K)
+        a_ptrs = a + rm.to(tl.int64)[:, None] * stride_am + rk[None, :] * stride_ak
+        b_ptrs = b + rk.to(tl.int64)[:, None] * stride_bk + rn[None, :] * stride_bn
+        for ki in range(k_tiles):
+            k_left = K - ki * BLOCK_K
+            x = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            y = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            acc = _dot(x, y, acc)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Element offsets (int64) and the in-bounds mask of tile ``(pid_m, pid_n)`` of an M x N matrix.
+
+    Example::
+
+        offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
+        tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    """
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs = rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    return offs, mask
