@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 from .runtime.launch import rank_environment
 from .runtime.rendezvous import free_port
@@ -58,24 +59,62 @@ def run(nprocs: int, command: list[str], grace: float = 10.0) -> int:
     return code if code >= 0 else 128 - code
 
 
-def info() -> int:
-    """Print the backend and versions this process would use."""
-    import torch
-    import triton
+def info(as_json: bool = False) -> int:
+    """Print the backend, versions, GPUs and the links between them (``--json``: as JSON).
 
-    from . import config
+    Works without a GPU (it says kernels run in the simulator) and without ``pynvml`` (it says
+    so, and the link column reads ``n/a``).
+    """
+    import json
 
-    print(f"backend      {config.BACKEND}")
-    print(f"debug        {config.DEBUG}")
-    print(f"torch        {torch.__version__}")
-    print(f"triton       {triton.__version__}")
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            print(f"gpu {i}        {p.name}, {p.multi_processor_count} SMs, {p.total_memory >> 20} MiB")
-    else:
-        print("gpus         none visible: kernels run in the CPU simulator (Triton's interpreter)")
+    from .bench.topology import system_info
+
+    facts = system_info()
+    if as_json:
+        print(json.dumps(facts, indent=2))
+        return 0
+    width = max(len(k) for k in facts["summary"]) + 2
+    for key, value in facts["summary"].items():
+        print(f"{key:<{width}}{value}")
+    if facts["gpus"]:
+        rows = [[g["index"], g["name"], g["sms"], g["memory_mib"], g["capability"]] for g in facts["gpus"]]
+        print("\n" + _grid(["gpu", "name", "SMs", "memory MiB", "capability"], rows))
+        m = facts["peers"]
+        if m["nvml"]:
+            print(f"\nlinks: {m['nvml']}")
+        cells = [[i] + [f"{m['links'][i][j]}{'' if m['peer_access'][i][j] else ' (no peer access)'}"
+                        for j in range(m["gpus"])] for i in range(m["gpus"])]
+        print("\npeer matrix (row GPU -> column GPU; peer access checked with torch.cuda.can_device_access_peer)")
+        print(_grid(["gpu"] + [str(j) for j in range(m["gpus"])], cells))
     return 0
+
+
+def _grid(headings: list, rows: list[list]) -> str:
+    """A left-aligned text table."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(headings)]
+    lines = ["  ".join(str(h).ljust(w) for h, w in zip(headings, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(lines)
+
+
+class Bench(NamedTuple):
+    """A ``trident bench NAME``: the module run once per rank, arguments it always gets, its help, default ranks."""
+
+    module: str
+    args: tuple = ()
+    help: str = ""
+    ranks: int = 2
+
+
+#: Every ``trident bench NAME``. A new benchmark is one line here (its module has a ``main(argv)``).
+BENCHMARKS = {
+    "ccl": Bench("trident.bench.ccl", (), "collectives against NCCL over message sizes"),
+    "p2p": Bench("trident.bench.p2p", (), "load/store/get/put/atomics from every rank to every peer (heatmaps)"),
+    "all-load": Bench("trident.bench.all_access", ("--mode", "load"), "every rank reads all peers at once"),
+    "all-store": Bench("trident.bench.all_access", ("--mode", "store"), "every rank writes all peers at once"),
+    "device-api": Bench("trident.bench.device_api", (), "device-API translation cost vs a plain copy", 1),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,11 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     run_p.add_argument("-n", "--nproc", type=int, required=True, help="number of ranks")
     run_p.add_argument("script", help="a Python script, or -m module")
     run_p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
-    sub.add_parser("info", help="print the backend, versions and GPUs")
-    bench_p = sub.add_parser("bench", help="run a benchmark on N ranks: ccl")
-    bench_p.add_argument("name", choices=["ccl"])
-    bench_p.add_argument("-n", "--nproc", type=int, default=2, help="number of ranks")
-    bench_p.add_argument("args", nargs="*", help="arguments for the benchmark (see `trident bench NAME -- --help`)")
+    info_p = sub.add_parser("info", help="print the backend, versions, GPUs and the links between them")
+    info_p.add_argument("--json", action="store_true", help="print as JSON")
+    bench_p = sub.add_parser("bench", help="run a benchmark on N ranks: " + ", ".join(BENCHMARKS),
+                             epilog="\n".join(f"{k}: {b.help}" for k, b in BENCHMARKS.items()))
+    bench_p.add_argument("name", choices=list(BENCHMARKS))
+    bench_p.add_argument("-n", "--nproc", type=int, default=None, help="number of ranks (default: 2; device-api: 1)")
+    bench_p.add_argument("args", nargs="*", help="arguments for the benchmark (see `trident bench NAME --help`)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCHMARKS and {"-h", "--help"} & set(argv[2:]):
+        bench = BENCHMARKS[argv[1]]  # the benchmark's own help, from one process
+        return subprocess.call([sys.executable, "-m", bench.module, *bench.args, "--help"])
     ns, extra = parser.parse_known_args(argv)
     if ns.command == "bench":
         ns.args += extra
@@ -98,9 +143,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         ns.args += extra
     if ns.command == "info":
-        return info()
+        return info(ns.json)
     if ns.command == "bench":
-        return run(ns.nproc, [sys.executable, "-m", f"trident.bench.{ns.name}", *ns.args])
+        bench = BENCHMARKS[ns.name]
+        nproc = bench.ranks if ns.nproc is None else ns.nproc
+        if nproc < 1:
+            parser.error(f"-n must be at least 1, got {nproc}")
+        return run(nproc, [sys.executable, "-m", bench.module, *bench.args, *ns.args])
     if ns.nproc < 1:
         parser.error(f"-n must be at least 1, got {ns.nproc}")
     if ns.script == "-m":

@@ -1,0 +1,227 @@
+"""What every ``trident bench`` benchmark shares: timing, gathering over ranks, metadata, output.
+
+A benchmark module has ``run(ctx, args) -> record`` (collective: every rank calls it; the record
+is complete on every rank) and ``main(argv)``, which parses arguments, starts trident, runs,
+and writes the results on rank 0 (:func:`write_results`)::
+
+    results/NAME/NAME.json    {"schema": "trident-bench/1", "benchmark", "meta", "params",
+                               "performance_figure", "note", "rows": [...], ...}
+    results/NAME/*.png        plots
+
+Timing: ``warmup`` calls, then the median of ``repeats`` calls, each timed with CUDA events
+(the host clock in the simulator); a measurement taken on several ranks at once counts the
+slowest rank (:func:`max_over_ranks`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+
+import torch
+
+SCHEMA = "trident-bench/1"
+SHARED_NOTE = ("ranks share a GPU or run in the simulator: a correctness and harness run, "
+               "not link bandwidth and not a performance figure")
+
+
+def add_common_args(parser: argparse.ArgumentParser, name: str, warmup: int = 3, repeats: int = 10) -> None:
+    """Add ``--out``, ``--warmup``, ``--repeats`` and ``--no-progress`` to a benchmark's parser.
+
+    Example::
+
+        parser = argparse.ArgumentParser(prog="trident bench p2p")
+        add_common_args(parser, "p2p")
+    """
+    parser.add_argument("--out", default=f"results/{name}", help="folder for the JSON and PNG files")
+    parser.add_argument("--warmup", type=int, default=warmup, help="untimed calls before measuring")
+    parser.add_argument("--repeats", type=int, default=repeats, help="timed calls; the median is reported")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def time_ms(ctx, fn, warmup: int, repeats: int) -> float:
+    """Median milliseconds of one ``fn()`` call on this rank.
+
+    Args:
+        ctx: the trident context (its backend picks device events or the host clock).
+        fn: what to time; it launches device work (it need not wait for it).
+        warmup: untimed calls first.
+        repeats: timed calls (at least 1).
+
+    Returns:
+        The median over the repeats, in milliseconds.
+
+    Example::
+
+        ms = time_ms(ctx, lambda: kernel[grid](x, y, n), warmup=3, repeats=10)
+    """
+    for _ in range(warmup):
+        fn()
+    samples = []
+    cuda = ctx.backend == "cuda"
+    if cuda:
+        torch.cuda.synchronize(ctx.device)
+    for _ in range(max(repeats, 1)):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def all_values(ctx, value) -> list:
+    """Every rank's ``value`` (any picklable object), in rank order, on every rank (collective)."""
+    return [ctx.broadcast(value if r == ctx.rank else None, src=r) for r in range(ctx.world_size)]
+
+
+def max_over_ranks(ctx, value: float) -> float:
+    """The largest of every rank's ``value`` (collective): a collective step lasts as long as its slowest rank."""
+    return max(all_values(ctx, value))
+
+
+def gpu_count(ctx) -> int:
+    """GPUs visible to this process (0 in the simulator)."""
+    return torch.cuda.device_count() if ctx.backend == "cuda" else 0
+
+
+def shares_gpus(ctx) -> bool:
+    """True when this run is not a performance figure: simulator, or more ranks than GPUs."""
+    return ctx.backend != "cuda" or gpu_count(ctx) < ctx.world_size
+
+
+def metadata(ctx, argv=None) -> dict:
+    """The run's environment: date, command line, backend, world size, GPUs, driver, versions.
+
+    Example::
+
+        meta = metadata(ctx)     # {"date": "...Z", "backend": "cuda", "gpu": "NVIDIA H200", ...}
+    """
+    import triton
+
+    import trident
+
+    from .topology import driver_version
+
+    gpus = gpu_count(ctx)
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "command": " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv)),
+        "host": platform.node(), "backend": ctx.backend, "world_size": ctx.world_size, "gpus": gpus,
+        "ranks_share_gpus": ctx.backend == "cuda" and gpus < ctx.world_size,
+        "gpu": torch.cuda.get_device_name(ctx.device) if ctx.backend == "cuda" else "cpu (simulator)",
+        "sm_count": torch.cuda.get_device_properties(ctx.device).multi_processor_count if ctx.backend == "cuda"
+        else None,
+        "driver": driver_version() if ctx.backend == "cuda" else None,
+        "cuda": torch.version.cuda, "torch": torch.__version__, "triton": triton.__version__,
+        "trident": trident.__version__, "python": platform.python_version(), "heap_size": ctx.heap_size,
+    }
+    return meta
+
+
+def new_record(ctx, benchmark: str, params: dict, argv=None) -> dict:
+    """A results record with the schema's fixed fields; add ``rows`` (and extras) to it.
+
+    ``performance_figure`` is false, with a ``note`` saying why, when ranks share GPUs or run in
+    the simulator: such numbers check correctness and the harness, never link bandwidth.
+    """
+    perf = not shares_gpus(ctx)
+    return {"schema": SCHEMA, "benchmark": benchmark, "meta": metadata(ctx, argv), "params": dict(params),
+            "performance_figure": perf, "note": "" if perf else SHARED_NOTE, "rows": []}
+
+
+def write_results(record: dict, out: str, name: str | None = None) -> str:
+    """Write ``record`` as ``OUT/NAME.json`` (``NAME`` defaults to the benchmark's); returns the path."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, f"{name or record['benchmark'].replace('-', '_')}.json")
+    with open(path, "w") as f:
+        json.dump(record, f, indent=2)
+    return path
+
+
+def header(record: dict) -> str:
+    """One line naming the machine and run, plus the shared-GPU warning when there is one."""
+    m = record["meta"]
+    line = (f"{record['benchmark']}: {m['gpu']}, {m['world_size']} rank(s) on {m['gpus'] or 'no'} GPU(s), "
+            f"backend {m['backend']}, {m['date']}")
+    if record.get("note"):
+        line += f"\nNOTE: {record['note']}"
+    return line
+
+
+def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """Rows as a fixed-width text table.
+
+    Args:
+        rows: dicts.
+        columns: ``(key, heading, format)`` triples, e.g. ``("gbps", "GB/s", ".1f")``.
+
+    Returns:
+        The table as one string (heading line, then one line per row).
+    """
+    cells = [[format(r.get(k, ""), f) if r.get(k) is not None else "-" for k, _, f in columns] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h, _) in enumerate(columns)]
+    # Text columns (format "") read best left-aligned, numbers right-aligned.
+    just = [(lambda s, w: s.ljust(w)) if f == "" else (lambda s, w: s.rjust(w)) for _, _, f in columns]
+    lines = ["  ".join(j(h, w) for j, (_, h, _), w in zip(just, columns, widths, strict=True))]
+    lines += ["  ".join(j(c, w) for j, c, w in zip(just, row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def progress(iterable, ctx, args, desc: str, total: int | None = None):
+    """``iterable`` wrapped in a tqdm progress bar on rank 0 of an interactive terminal, else as is."""
+    if ctx.rank != 0 or getattr(args, "no_progress", False):
+        return iterable
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iterable
+    return tqdm(iterable, desc=desc, total=total, disable=None, leave=False, file=sys.stderr)
+
+
+def heap_for(nbytes: int, backend: str) -> int:
+    """A heap size holding ``nbytes`` of benchmark buffers plus room for trident's own (sim: capped)."""
+    need = int(nbytes) + (64 << 20)
+    return min(need, 256 << 20) if backend == "sim" else need
+
+
+def human_bytes(n: int) -> str:
+    """``4096 -> "4 KiB"``, ``1 << 31 -> "2 GiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:g} {unit}" if unit == "B" else f"{n:.4g} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def size_sweep(lo: int, hi: int, factor: int = 2) -> list[int]:
+    """``lo, lo*factor, ...`` up to ``hi`` (both ends included when ``hi`` is on the grid)."""
+    if lo < 1 or hi < lo or factor < 2:
+        raise ValueError(f"bad size range {lo}..{hi} (factor {factor})")
+    out, size = [], lo
+    while size <= hi:
+        out.append(size)
+        size *= factor
+    return out
+
+
+def parse_bytes(text: str) -> int:
+    """``"4K"``, ``"64MiB"``, ``"2G"``, ``"1048576"`` -> bytes (powers of 1024)."""
+    t = str(text).strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    if t and t[-1] in scale:
+        return int(float(t[:-1]) * scale[t[-1]])
+    return int(t)
