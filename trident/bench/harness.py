@@ -143,8 +143,36 @@ def new_record(ctx, benchmark: str, params: dict, argv=None) -> dict:
             "performance_figure": perf, "note": "" if perf else SHARED_NOTE, "rows": []}
 
 
+#: The fields every results record has, and their types (``validate`` checks them).
+RECORD_FIELDS = {"schema": str, "benchmark": str, "meta": dict, "params": dict, "performance_figure": bool,
+                 "note": str, "rows": list}
+META_FIELDS = {"date": str, "command": str, "host": str, "backend": str, "world_size": int, "gpus": int,
+               "ranks_share_gpus": bool, "gpu": str, "torch": str, "triton": str, "trident": str, "heap_size": int}
+
+
+def validate(record: dict) -> dict:
+    """Check that ``record`` follows the results schema; returns it, or raises ``ValueError`` naming the problem.
+
+    Example::
+
+        validate(json.load(open("results/p2p/p2p.json")))
+    """
+    for fields, where in ((RECORD_FIELDS, record), (META_FIELDS, record.get("meta", {}))):
+        for key, kind in fields.items():
+            if not isinstance(where.get(key), kind):
+                raise ValueError(f"results record: {key!r} missing or not {kind.__name__}: {where.get(key)!r}")
+    if record["schema"] != SCHEMA:
+        raise ValueError(f"results record: schema {record['schema']!r}, expected {SCHEMA!r}")
+    if not all(isinstance(r, dict) for r in record["rows"]):
+        raise ValueError("results record: every row must be an object")
+    if not record["performance_figure"] and not record["note"]:
+        raise ValueError("results record: a run that is not a performance figure must say why in 'note'")
+    return record
+
+
 def write_results(record: dict, out: str, name: str | None = None) -> str:
     """Write ``record`` as ``OUT/NAME.json`` (``NAME`` defaults to the benchmark's); returns the path."""
+    validate(record)
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, f"{name or record['benchmark'].replace('-', '_')}.json")
     with open(path, "w") as f:

@@ -7,11 +7,14 @@ not performance figures say so in their title.
 
 from __future__ import annotations
 
+import sys
+
 
 def _pyplot():
     try:
         import matplotlib
     except ImportError:
+        print("matplotlib is not installed (pip install matplotlib, or trident[bench]): no plot", file=sys.stderr)
         return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

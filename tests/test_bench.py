@@ -1,0 +1,170 @@
+"""The benchmark harness and the benchmarks at tiny sizes on 2 simulated ranks (what CI can run).
+
+Each benchmark's ``run`` executes inside a rank pool (no process start-up per test); ``report``
+then writes the JSON and PNG files that ``trident bench`` writes. One test goes through the CLI.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from trident.bench import harness
+
+PNG = b"\x89PNG\r\n\x1a\n"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _png_ok(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    return data[:8] == PNG and len(data) > 5000
+
+
+# ---- harness, no ranks -----------------------------------------------------------------------
+
+def test_sizes_and_units():
+    assert harness.parse_bytes("4K") == 4096 and harness.parse_bytes("2GiB") == 2 << 30
+    assert harness.parse_bytes("64M") == 64 << 20 and harness.parse_bytes("1000") == 1000
+    assert harness.size_sweep(4096, 32768) == [4096, 8192, 16384, 32768]
+    assert harness.size_sweep(1024, 16384, 4) == [1024, 4096, 16384]
+    assert harness.human_bytes(4096) == "4 KiB" and harness.human_bytes(2 << 30) == "2 GiB"
+    with pytest.raises(ValueError):
+        harness.size_sweep(8, 4)
+
+
+def test_time_ms_calls_warmup_plus_repeats_and_takes_the_median():
+    calls, delays = [], iter([0, 0, 0.001, 0.030, 0.002])
+
+    def fn():
+        calls.append(1)
+        import time
+        time.sleep(next(delays))
+
+    ms = harness.time_ms(types.SimpleNamespace(backend="sim"), fn, warmup=2, repeats=3)
+    assert len(calls) == 5
+    assert 1.5 < ms < 15  # the median of ~1, ~30, ~2 ms is ~2 ms, not the 30 ms outlier
+
+
+def test_table_aligns_and_marks_missing():
+    text = harness.table([{"op": "load", "gbps": 1.5}, {"op": "atomic_add", "gbps": None}],
+                         [("op", "op", ""), ("gbps", "GB/s", ".2f")])
+    lines = text.splitlines()
+    assert lines[0].split() == ["op", "GB/s"] and lines[1].split() == ["load", "1.50"]
+    assert lines[2].split() == ["atomic_add", "-"] and len({len(x) for x in lines}) == 1
+
+
+def test_validate_rejects_broken_records():
+    good = {"schema": harness.SCHEMA, "benchmark": "x", "params": {}, "performance_figure": False,
+            "note": harness.SHARED_NOTE, "rows": [],
+            "meta": {"date": "d", "command": "c", "host": "h", "backend": "sim", "world_size": 2, "gpus": 0,
+                     "ranks_share_gpus": False, "gpu": "cpu", "torch": "t", "triton": "t", "trident": "t",
+                     "heap_size": 1}}
+    harness.validate(good)
+    for broken in ({**good, "schema": "other/1"}, {**good, "rows": {}}, {**good, "note": ""},
+                   {**good, "meta": {**good["meta"], "world_size": "2"}}, {**good, "rows": [3]}):
+        with pytest.raises(ValueError):
+            harness.validate(broken)
+
+
+# ---- the benchmarks on 2 simulated ranks --------------------------------------------------------
+
+def _bench(ctx, module, argv, out):
+    import importlib
+
+    mod = importlib.import_module(f"trident.bench.{module}")
+    args = mod.parse_args(argv)
+    mod.sim_sizes(args)
+    record = mod.run(ctx, args)
+    files = mod.report(record, out) if ctx.rank == 0 else []
+    return record, files
+
+
+def _check_common(record, files, world):
+    harness.validate(record)
+    assert record["meta"]["world_size"] == world and record["meta"]["backend"] == "sim"
+    assert record["performance_figure"] is False and "not link bandwidth" in record["note"]
+    json_file = next(f for f in files if f.endswith(".json"))
+    with open(json_file) as f:
+        assert json.load(f) == json.loads(json.dumps(record))
+    pngs = [f for f in files if f.endswith(".png")]
+    assert pngs and all(_png_ok(p) for p in pngs)
+
+
+def _max_task(ctx):
+    return harness.max_over_ranks(ctx, 10.0 + 3 * ctx.rank), harness.all_values(ctx, ctx.rank * 2)
+
+
+def test_max_and_all_values_over_ranks(pool2):
+    assert pool2.run(_max_task) == [(13.0, [0, 2]), (13.0, [0, 2])]
+
+
+def test_p2p_every_op_every_pair(pool2, tmp_path):
+    argv = ["--bytes", "4K", "--atomic-elems", "256", "--warmup", "0", "--repeats", "1", "--no-progress"]
+    (record, files), (other, _) = pool2.run(_bench, "p2p", argv, str(tmp_path))
+    assert record == other  # every rank returns the whole record
+    _check_common(record, files, 2)
+    rows = record["rows"]
+    assert len(rows) == 7 * 2 * 2 and record["all_correct"]
+    assert {(r["op"], r["rank"], r["peer"]) for r in rows} == {(op, s, p) for op in
+                                                              ("load", "store", "get", "put", "atomic_add",
+                                                               "atomic_xchg", "atomic_cas") for s in (0, 1)
+                                                              for p in (0, 1)}
+    assert all(r["value"] > 0 and r["ms"] > 0 for r in rows)
+    assert all(r["grid"] == 4096 // 2 // record["params"]["block"] for r in rows if "bytes" in r)
+    assert record["params"]["block"] == 256 and record["params"]["atomic_elements"] == 256
+
+
+@pytest.mark.parametrize("mode", ["load", "store"])
+def test_all_load_and_all_store_sweep(pool2, tmp_path, mode):
+    argv = ["--mode", mode, "--min-bytes", "4K", "--max-bytes", "8K", "--repeats", "1", "--warmup", "0",
+            "--no-progress"]
+    record, files = pool2.run(_bench, "all_access", argv, str(tmp_path))[0]
+    _check_common(record, files, 2)
+    assert record["benchmark"] == f"all-{mode}" and record["all_correct"]
+    assert [r["bytes"] for r in record["rows"]] == [4096, 8192]
+    for r in record["rows"]:
+        assert r["trident_gbps"] > 0 and r["copy_engine_gbps"] > 0 and "nccl_gbps" not in r
+        assert r["per_rank_gbps"] * 2 == pytest.approx(r["trident_gbps"])
+        assert r["grid"] == r["bytes"] // 2 // 256  # one peer each, 256 elements per program
+    assert record["references"] == {"copy_engine": True, "nccl_all_gather": False}
+
+
+def test_device_api_and_ccl_on_the_harness(pool2, tmp_path):
+    rec, files = pool2.run(_bench, "device_api", ["--repeats", "1", "--warmup", "0", "--no-progress"],
+                           str(tmp_path / "api"))[0]
+    _check_common(rec, files, 2)
+    assert [r["variant"] for r in rec["rows"]] == ["plain copy", "trident.load", "trident.store", "trident.get",
+                                                   "trident.put", "trident.copy"]
+    assert rec["all_correct"] and all(r["fraction_of_plain"] > 0 for r in rec["rows"])
+    assert os.path.exists(tmp_path / "api" / "device_api_bandwidth.json")
+    rec, files = pool2.run(_bench, "ccl", ["--max-bytes", "1K", "--no-progress"], str(tmp_path / "ccl"))[0]
+    _check_common(rec, files, 2)
+    assert {r["collective"] for r in rec["rows"]} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                                      "broadcast"}
+    assert rec["nccl_compared"] is False and all(r["busbw_gbps"] > 0 for r in rec["rows"])
+
+
+def test_cli_bench_p2p_end_to_end(tmp_path):
+    out = tmp_path / "p2p"
+    proc = subprocess.run([sys.executable, "-m", "trident", "bench", "p2p", "-n", "2", "--ops", "load", "atomic_cas",
+                           "--bytes", "4K", "--atomic-elems", "256", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": ROOT, "TRIDENT_BACKEND": "sim"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "correctness and harness run" in proc.stdout
+    record = harness.validate(json.loads((out / "p2p.json").read_text()))
+    assert len(record["rows"]) == 2 * 4 and record["all_correct"]
+    assert "p2p" in record["meta"]["command"] and "--atomic-elems 256" in record["meta"]["command"]
+    assert _png_ok(out / "p2p.png")
+
+
+def test_cli_lists_benchmarks_and_rejects_unknown():
+    from trident.cli import BENCHMARKS, main
+
+    assert {"ccl", "p2p", "all-load", "all-store", "device-api"} <= set(BENCHMARKS)
+    with pytest.raises(SystemExit):
+        main(["bench", "no-such-bench"])
