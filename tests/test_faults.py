@@ -71,6 +71,7 @@ def test_a_lost_rank_ends_every_wait_fast_and_leaves_nothing(tmp_path, how):
                if (tmp_path / f"rank{r}.json").exists()}
     assert proc.returncode != 0 and sorted(results) == [0, 1], (proc.stdout, proc.stderr[-3000:])
     gone = rf"process {pids[2]} (exited|is exiting)"  # caught after the exit, or while it is under way
+    assert "cannot complete: a rank is gone" in results[1]["message"], results  # the host path first
     assert "trident.wait was aborted by the host" in results[0]["message"], results[0]
     assert re.search(rf"rank 2 is gone: {gone}", results[0]["message"]), results[0]
     assert "cannot complete: a rank is gone" in results[1]["message"], results[1]
@@ -84,8 +85,10 @@ def _cycles_body(ctx, cycles):
     def snapshot():
         fds = len(os.listdir("/proc/self/fd"))
         shm = sorted(n for n in os.listdir("/dev/shm") if n.startswith("trident-"))
+        with open("/proc/self/maps") as f:  # the simulator's heaps stay mapped after their files are unlinked
+            maps = sum("trident-" in line for line in f)
         free = torch.cuda.mem_get_info(ctx.device)[0] if ctx.backend == "cuda" else 0
-        return fds, shm, free
+        return fds, shm, maps, free
 
     def one_cycle():
         with trident.init(heap_size=16 << 20) as c:
@@ -102,9 +105,10 @@ def _cycles_body(ctx, cycles):
 
 
 def test_many_init_close_cycles_leak_nothing(pool2):
-    for (fds0, shm0, free0), (fds1, shm1, free1) in pool2.run(_cycles_body, 15):
+    for (fds0, shm0, maps0, free0), (fds1, shm1, maps1, free1) in pool2.run(_cycles_body, 15):
         assert fds1 <= fds0, (fds0, fds1)
         assert shm1 == shm0
+        assert maps1 <= maps0, (maps0, maps1)  # no heap mapping outlives its closed context
         assert free1 >= free0 - (32 << 20)  # 15 leaked 16 MiB heaps would be 240 MiB
 
 

@@ -29,6 +29,9 @@ ERROR_PEER = 7
 ERROR_OFFSET = 8
 ERROR_EXPECTED = 9
 ERROR_OBSERVED = 10
+# Address (in this process) of the word device waits poll for an abort: on GPUs a pinned host word,
+# so the host can raise it with a plain CPU store, no CUDA call that a busy or wedged driver could stall.
+ABORT_ADDR = 11
 SCRATCH = 12  # where debug mode sends a CAS whose address is outside the heap
 BARRIER_EPOCH = 16
 BARRIER_SLOTS = 1024  # one int64 per rank: the last barrier epoch that rank announced here

@@ -24,7 +24,9 @@ from .memory import control_block, record_fault, translate
 from .platform import backoff, now_ns, on_wait_timeout
 
 _WAIT_TIMEOUT_NS = tl.constexpr(layout.WAIT_TIMEOUT_NS)
-_ABORT = tl.constexpr(layout.ABORT)
+_ABORT_ADDR = tl.constexpr(layout.ABORT_ADDR)
+# Polls between reads of the abort word: on GPUs it lives in host memory, a PCIe round trip away.
+_ABORT_EVERY = tl.constexpr(64)
 _ERR_WAIT_TIMEOUT = tl.constexpr(layout.ERR_WAIT_TIMEOUT)
 _ERR_ABORTED = tl.constexpr(layout.ERR_ABORTED)
 
@@ -136,14 +138,17 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
     done = _all(_meets(seen, value, cmp), mask)
     if done == 0:
         timeout_ns = tl.load(ctrl + _WAIT_TIMEOUT_NS)
+        abort_word = tl.load(ctrl + _ABORT_ADDR).to(tl.pointer_type(tl.int64))
         start = now_ns()
         gave_up = done
-        aborted = done
+        aborted = done != 0
+        polls = 0
         while (done == 0) & (gave_up == 0):
             backoff()
             seen = _poll(remote, mask, sem, scope)
             done = _all(_meets(seen, value, cmp), mask)
-            aborted = tl.load(ctrl + _ABORT, volatile=True) != 0
+            aborted = tl.load(abort_word, mask=polls % _ABORT_EVERY == 0, other=0, volatile=True) != 0
+            polls += 1
             gave_up = (done == 0) & (aborted | (now_ns() - start > timeout_ns))
         if gave_up:
             offset = _lowest(flag_ptr.to(tl.int64) - tl.load(heap_bases + rank))

@@ -6,6 +6,7 @@ import itertools
 import os
 import pickle
 import secrets
+import weakref
 
 import torch
 
@@ -157,9 +158,13 @@ class Context(SymmetricHeapMixin):
         except BaseException:
             self._backend.close()
             raise
+        # Only weak references back to the context: a closed context must be freed at once (its
+        # heap and peer mappings with it), not whenever the garbage collector breaks a cycle.
+        me = weakref.ref(self)
         self._watchdog = RankWatchdog(self.rank, [who for _, _, who in exchanged], watchdog_interval,
-                                      self._on_rank_gone)
-        rendezvous.peers_gone = lambda: self._watchdog.gone
+                                      lambda rank, why: (ctx := me()) is not None and ctx._on_rank_gone(rank, why))
+        watchdog = self._watchdog
+        rendezvous.peers_gone = lambda: watchdog.gone
         self._watchdog.start()
         self._closed = False
 
@@ -180,7 +185,10 @@ class Context(SymmetricHeapMixin):
     def _release(self) -> None:
         self._watchdog.stop()
         self._closed = True
+        # Drop every view of the heaps now, even if the user keeps this closed context around.
         self._heaps = self._heap = None
+        self._control.release()
+        self.__dict__.pop("_ccl_workspace", None)
         self._backend.close()
 
     def __enter__(self) -> Context:

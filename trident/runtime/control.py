@@ -9,6 +9,13 @@ from ..device import platform
 from ..device.platform import describe_heap_fault, describe_wait_fault
 
 
+def _device_address_of_pinned(tensor: torch.Tensor) -> int:
+    """The address kernels use for a pinned host tensor (equal to the host address under UVA)."""
+    from ..backends.cuda import _check, _cudart
+
+    return int(_check(_cudart().cudaHostGetDevicePointer(tensor.data_ptr(), 0), "cudaHostGetDevicePointer"))
+
+
 class ControlBlock:
     """The int64 words at the start of this rank's heap that kernels and the host share."""
 
@@ -16,12 +23,27 @@ class ControlBlock:
         self.words = heap[:layout.CONTROL_BYTES].view(torch.int64)
         self.heap_size = heap_size
         self.abort_reason = ""
+        if self.words.is_cuda:
+            # Pinned host memory is mapped into the GPU's address space (UVA): kernels read it
+            # directly, and the host writes it without a CUDA call (see set_abort).
+            self.abort_word = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+            self.abort_addr = _device_address_of_pinned(self.abort_word)
+        else:
+            self.abort_word = self.words[layout.ABORT:layout.ABORT + 1]
+            self.abort_addr = self.abort_word.data_ptr()
+
+    def release(self) -> None:
+        """Drop this object's views of the heap (at ``ctx.close()``)."""
+        self.words = None
+        if self.abort_word is not None and not self.abort_word.is_pinned():
+            self.abort_word = None  # the simulator's abort word is a heap word
 
     def reset(self, wait_timeout: float) -> None:
         """Clear everything and write the header (before any peer may touch the heap)."""
         self.words.zero_()
         self.words[layout.MAGIC] = layout.MAGIC_VALUE
         self.words[layout.HEAP_SIZE] = self.heap_size
+        self.words[layout.ABORT_ADDR] = self.abort_addr
         self.wait_timeout = wait_timeout
 
     @property
@@ -36,14 +58,10 @@ class ControlBlock:
         """Raise (or lower) the abort word device waits poll; ``reason`` goes into their fault message."""
         self.abort_reason = reason if on else ""
         platform.ABORT_REASON = self.abort_reason  # what the simulator's raising wait reports
-        # A side stream, so the write lands while this rank's kernels are still running.
-        if self.words.is_cuda:
-            stream = torch.cuda.Stream(device=self.words.device)
-            with torch.cuda.stream(stream):
-                self.words[layout.ABORT].fill_(int(on))
-            stream.synchronize()
-        else:
-            self.words[layout.ABORT] = int(on)
+        # A plain CPU store. A CUDA call here (even on a side stream) can stall for as long as a
+        # kernel spins: a dying peer's driver teardown holds the GPU while this rank's wait runs.
+        if self.abort_word is not None:
+            self.abort_word[0] = int(on)
 
     def take_fault(self) -> tuple[int, str] | None:
         """The recorded fault as ``(kind, message)``, or None; clears it (the abort word stays)."""
