@@ -62,3 +62,13 @@ __all__ = [
     "TridentError", "BackendUnavailableError", "ContextClosedError", "DeviceError", "DivergenceError",
     "HeapExhaustedError", "NotSymmetricError", "RankTimeoutError", "SpawnError",
 ]
+
+
+def __getattr__(name):
+    # trident.ops (GEMM + communication) is imported on first use: `import trident` stays fast,
+    # and a problem inside ops cannot break it.
+    if name == "ops":
+        import importlib
+
+        return importlib.import_module(".ops", __name__)
+    raise AttributeError(f"module 'trident' has no attribute {name!r}")

@@ -1,0 +1,139 @@
+"""trident.ops.gemm_all_scatter: every pattern against torch at 2 and 4 ranks.
+
+Each task runs inside the ranks: fresh random A and B shards (seeded the same on every rank, so
+every rank can build the full reference), C poisoned with NaN before each call, two calls on the
+same buffers with different B (a stale flag would leave the first result or NaNs), fp16, bf16
+and fp32, ragged shapes and several tile configs (descriptor and pointer paths).
+"""
+
+import math
+
+import pytest
+import torch
+
+from trident.ops import MatmulConfig
+
+FUSED = ("bulk_synchronous", "producer_consumer", "fused_sequential", "workgroup_specialized")
+# (dtype, M, N_local, K, config): ragged against the blocks; the first two take the TMA path
+# (16-byte aligned rows), the others the pointer path.
+CASES = [
+    (torch.float16, 33, 24, 40, MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)),
+    (torch.bfloat16, 40, 16, 24, MatmulConfig(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, num_warps=4,
+                                              num_stages=1)),
+    (torch.float32, 21, 13, 19, None),
+]
+TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 5e-3}
+
+
+def _inputs(ctx, dtype, M, n, K, seed):
+    gen = torch.Generator().manual_seed(seed)
+    A = torch.randn(M, K, generator=gen).to(dtype)
+    B = torch.randn(K, n * ctx.world_size, generator=gen).to(dtype)
+    mine = B[:, ctx.rank * n:(ctx.rank + 1) * n].contiguous()
+    return A.to(ctx.device), mine.to(ctx.device), A.double() @ B.double()
+
+
+def _err(C, want):
+    got = C.cpu().double()
+    return float((got - want).norm() / want.norm()) if torch.isfinite(got).all() else math.inf
+
+
+def _pattern_body(ctx, patterns, cases):
+    import trident
+
+    errors = []
+    for pattern in patterns:
+        for i, (dtype, M, n, K, cfg) in enumerate(cases):
+            C = ctx.empty(M, n * ctx.world_size, dtype=dtype)
+            for call in range(2):  # the same C, flags and workspace; different B each time
+                A, B, want = _inputs(ctx, dtype, M, n, K, seed=100 * i + call)
+                C.fill_(float("nan"))
+                ctx.barrier()  # no peer stores into C before it is poisoned
+                trident.ops.gemm_all_scatter(ctx, A, B, C, pattern=pattern, config=cfg)
+                ctx.barrier()
+                errors.append((pattern, str(dtype), call, _err(C, want), TOL[dtype]))
+    return errors
+
+
+@pytest.mark.parametrize("pattern", FUSED + ("baseline",))
+def test_pattern_matches_torch(pool, pattern):
+    for errors in pool.run(_pattern_body, (pattern,), CASES):
+        assert len(errors) == 2 * len(CASES)
+        for name, dtype, call, err, tol in errors:
+            assert err < tol, (name, dtype, call, err)
+
+
+def test_patterns_in_turn_share_buffers_and_epochs(pool2):
+    """Every pattern (and auto) one after another on the same workspace: the epoch is shared."""
+    case = [(torch.float16, 24, 16, 32, MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1,
+                                                     num_warps=4, num_stages=1))]
+    for errors in pool2.run(_pattern_body, FUSED + FUSED[::-1] + ("auto",), case):
+        assert len(errors) == 2 * (2 * len(FUSED) + 1)
+        for name, dtype, call, err, tol in errors:
+            assert err < tol, (name, dtype, call, err)
+
+
+def _trace_body(ctx, pattern):
+    import trident
+
+    A, B, want = _inputs(ctx, torch.float16, 32, 16, 16, seed=3)
+    C = ctx.empty(32, 16 * ctx.world_size, dtype=torch.float16)
+    trace = trident.trace.Trace(ctx, capacity=256)
+    cfg = MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, num_warps=4, num_stages=1)
+    ctx.barrier()
+    trident.ops.gemm_all_scatter(ctx, A, B, C, pattern=pattern, config=cfg, trace=trace)
+    ctx.barrier()
+    kinds = [e.kind_name for e in trace.events() if e.rank == ctx.rank]
+    return _err(C, want), {k: kinds.count(k) for k in ("compute", "comm", "wait")}
+
+
+@pytest.mark.parametrize("pattern,waits", [("fused_sequential", 0), ("workgroup_specialized", 2)])
+def test_trace_records_every_tile(pool2, pattern, waits):
+    tiles = 2  # 32 x 16 in 16 x 16 tiles
+    for err, counts in pool2.run(_trace_body, pattern):
+        assert err < 5e-3
+        assert counts["compute"] == tiles
+        assert counts["comm"] == tiles * (2 if pattern == "fused_sequential" else 1)  # fused also stores locally
+        assert counts["wait"] == waits
+
+
+def _bad_input_body(ctx):
+    import trident
+
+    gas = trident.ops.gemm_all_scatter
+    w, dev = ctx.world_size, ctx.device
+    A, B, C = ctx.zeros(8, 4), ctx.zeros(4, 3), ctx.zeros(8, 3 * w)
+    calls = {
+        "pattern": lambda: gas(ctx, A, B, C, pattern="ring"),
+        "dtype": lambda: gas(ctx, A.int(), B.int(), C.int()),
+        "mixed": lambda: gas(ctx, A, B.half(), C),
+        "k": lambda: gas(ctx, A, ctx.zeros(5, 3), C),
+        "n": lambda: gas(ctx, A, B, ctx.zeros(8, 3 * w + 1)),
+        "contiguous": lambda: gas(ctx, ctx.zeros(4, 8).t(), B, C),
+        "heap": lambda: gas(ctx, A, B, torch.zeros(8, 3 * w, device=dev)),
+        "config": lambda: gas(ctx, A, B, C, config=MatmulConfig(BLOCK_M=24)),
+        "dims": lambda: gas(ctx, A[0], B, C),
+        "device": lambda: gas(ctx, A.to("meta"), B, C),
+    }
+    messages = {}
+    for name, call in calls.items():
+        try:
+            call()
+            messages[name] = "accepted"
+        except (ValueError, TypeError, trident.TridentError) as exc:
+            messages[name] = str(exc)
+    return messages
+
+
+def test_bad_input_is_refused_before_anything_runs(pool2):
+    for m in pool2.run(_bad_input_body):
+        assert "pattern='ring' is not one of" in m["pattern"]
+        assert "dtype torch.int32" in m["dtype"]
+        assert "must share one dtype" in m["mixed"]
+        assert "K mismatch" in m["k"]
+        assert "N must be divisible by world_size" in m["n"]
+        assert "must be contiguous" in m["contiguous"]
+        assert "C must be a symmetric tensor" in m["heap"]
+        assert "BLOCK_M=24 must be a power of two" in m["config"]
+        assert "must be 2-D" in m["dims"]
+        assert "is on meta" in m["device"]

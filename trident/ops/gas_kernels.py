@@ -1,0 +1,201 @@
+"""Kernels of the GEMM + all-scatter patterns, built from a few device functions.
+
+Every rank computes its column block ``A @ B_local`` tile by tile; each tile must end up in the
+same place of every rank's ``C``. ``c`` below always points at the first element of *this
+rank's* column block of ``C`` (``C[:, rank * N_local]``), so a tile's offsets are the same in
+every rank's heap and ``trident.store(c + offs, tile, rank, peer, heap_bases)`` puts it there.
+
+Synchronization, with epochs (the call's number, kept on the device; nothing is ever reset):
+
+* :func:`enter_call`: every program reads the epoch; program 0 tells every peer "I am in call
+  ``epoch``" (so peers know this rank no longer reads last call's ``C`` and may overwrite it).
+* :func:`wait_peers_ready`: before a program stores into peers, it waits for that.
+* tile flags (``producer_consumer``, ``workgroup_specialized``): the GEMM releases
+  ``flags[tile] = epoch`` after writing a tile into the local ``C``; the communication side
+  acquires it, then reads the tile back and stores it into every peer's ``C``.
+* :func:`finish_call`: the last program of the launch to finish tells every peer "my block is
+  in your C" and waits until every peer has said the same to it; so when the kernel is done,
+  this rank's ``C`` is complete. It also advances the epoch for the next call.
+
+In the simulator a launch's programs run one after another, so a program never waits for a
+higher program id here: the communication programs of ``workgroup_specialized`` have the higher
+ids, and the program that waits at the end is the last one.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import trace
+from ..device import signal, store, wait
+from .tiles import tile_coords, tile_dot, tile_offsets
+
+
+@triton.jit
+def clock(TRACE: tl.constexpr):
+    """The device timer when tracing, else 0 (nothing is read)."""
+    t = 0
+    if TRACE:
+        t = trace.now()
+    return t
+
+
+@triton.jit
+def enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
+    """This call's epoch (1, 2, ...); program 0 also releases ``ready[rank] = epoch`` at every peer."""
+    epoch = tl.load(state_ptr) + 1
+    if tl.program_id(0) == 0:
+        peers = tl.arange(0, WORLD_BLOCK)
+        signal(ready_ptr + rank + peers * 0, epoch, rank, peers, heap_bases, mask=peers < world_size)
+    return epoch
+
+
+@triton.jit
+def wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
+    """Acquire: every peer has entered call ``epoch`` (returns at once once they have)."""
+    peers = tl.arange(0, WORLD_BLOCK)
+    wait(ready_ptr + peers, epoch, rank, rank, heap_bases, cmp="ge", mask=peers < world_size)
+
+
+@triton.jit
+def finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
+    """Called by every program at its end; the last one to get here completes the call (see module doc)."""
+    tl.debug_barrier()  # every thread's stores before the ticket's release
+    ticket = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="sys")
+    if ticket == tl.num_programs(0) - 1:
+        tl.store(state_ptr + 1, 0)  # the next launch (stream-ordered after this one) counts afresh
+        tl.store(state_ptr, epoch)
+        peers = tl.arange(0, WORLD_BLOCK)
+        is_peer = peers < world_size
+        signal(arrived_ptr + rank + peers * 0, epoch, rank, peers, heap_bases, mask=is_peer)
+        wait(arrived_ptr + peers, epoch, rank, rank, heap_bases, cmp="ge", mask=is_peer)
+
+
+@triton.jit
+def scatter_tile(c_ptr, offs, mask, values, tile, trace_ptr, rank, world_size, heap_bases, FIRST: tl.constexpr,
+                 TRACE: tl.constexpr):
+    """Store a tile into peers ``rank + FIRST, ..., rank + world_size - 1`` (mod world_size).
+
+    ``FIRST=0`` includes this rank's own ``C``; starting at the next rank spreads the traffic over
+    the links instead of every rank hitting rank 0 first.
+    """
+    for i in range(FIRST, world_size):
+        peer = (rank + i) % world_size
+        t0 = clock(TRACE)
+        store(c_ptr + offs, values, rank, peer, heap_bases, mask=mask)
+        trace.record(trace_ptr, trace.COMM, tile, peer, t0, rank, TRACE)
+
+
+@triton.jit
+def produce_tiles(first, step, a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                  flags_ptr, epoch, trace_ptr, rank, heap_bases, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, SIGNAL: tl.constexpr,
+                  TRACE: tl.constexpr):
+    """GEMM tiles ``first, first + step, ...`` into the local ``C``; with ``SIGNAL`` release each tile's flag."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(first, num_pid_m * num_pid_n, step):
+        t0 = clock(TRACE)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+        offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
+        tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
+        if SIGNAL:  # a local flag, read on this GPU only: gpu scope is enough
+            signal(flags_ptr + tile, epoch, rank, rank, heap_bases, scope="gpu")
+        trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
+
+
+@triton.jit
+def consume_tiles(first, step, c, M, N, stride_cm, flags_ptr, ready_ptr, epoch, trace_ptr, rank, world_size,
+                  heap_bases, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+                  WORLD_BLOCK: tl.constexpr, WAIT_FLAGS: tl.constexpr, TRACE: tl.constexpr):
+    """Scatter tiles ``first, first + step, ...`` of the local column block into every peer's ``C``.
+
+    With ``WAIT_FLAGS`` each tile is first acquired from the GEMM through its flag.
+    """
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(first, num_pid_m * num_pid_n, step):
+        if WAIT_FLAGS:
+            t0 = clock(TRACE)
+            wait(flags_ptr + tile, epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
+            trace.record(trace_ptr, trace.WAIT, tile, rank, t0, rank, TRACE)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
+        values = tl.load(c + offs, mask=mask)
+        wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+        scatter_tile(c, offs, mask, values, tile, trace_ptr, rank, world_size, heap_bases, 1, TRACE)
+
+
+@triton.jit
+def fused_sequential_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                            state_ptr, ready_ptr, arrived_ptr, trace_ptr, rank, world_size, heap_bases,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+                            TRACE: tl.constexpr = False):
+    """One persistent kernel: each tile is computed, then stored straight into every rank's ``C``."""
+    epoch = enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
+        t0 = clock(TRACE)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+        values = acc.to(c.dtype.element_ty)
+        trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
+        offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
+        wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+        scatter_tile(c, offs, mask, values, tile, trace_ptr, rank, world_size, heap_bases, 0, TRACE)
+    finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+
+
+@triton.jit
+def workgroup_specialized_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                                 gemm_programs, state_ptr, ready_ptr, arrived_ptr, flags_ptr, trace_ptr, rank,
+                                 world_size, heap_bases, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, USE_TMA: tl.constexpr,
+                                 WORLD_BLOCK: tl.constexpr, TRACE: tl.constexpr = False):
+    """One kernel, two roles: programs ``0 .. gemm_programs-1`` compute tiles and release their
+    flags; the rest (higher ids, so the simulator runs them after the GEMM) acquire and scatter."""
+    pid = tl.program_id(0)
+    epoch = enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    if pid < gemm_programs:
+        produce_tiles(pid, gemm_programs, a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                      flags_ptr, epoch, trace_ptr, rank, heap_bases, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA,
+                      True, TRACE)
+    else:
+        consume_tiles(pid - gemm_programs, tl.num_programs(0) - gemm_programs, c, M, N, stride_cm, flags_ptr,
+                      ready_ptr, epoch, trace_ptr, rank, world_size, heap_bases, BLOCK_M, BLOCK_N, GROUP_M,
+                      WORLD_BLOCK, True, TRACE)
+    finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+
+
+@triton.jit
+def producer_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, state_ptr, flags_ptr,
+                    trace_ptr, rank, heap_bases, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, USE_TMA: tl.constexpr,
+                    TRACE: tl.constexpr = False):
+    """producer_consumer's GEMM (one stream): tiles into the local ``C``, each flag released when written.
+
+    It reads the epoch that the scatter kernel advances only after every flag of this call is set,
+    i.e. after every program of this kernel that has tiles has started.
+    """
+    epoch = tl.load(state_ptr) + 1
+    produce_tiles(tl.program_id(0), tl.num_programs(0), a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                  stride_cm, flags_ptr, epoch, trace_ptr, rank, heap_bases, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                  USE_TMA, True, TRACE)
+
+
+@triton.jit
+def scatter_kernel(c, M, N, stride_cm, state_ptr, ready_ptr, arrived_ptr, flags_ptr, trace_ptr, rank, world_size,
+                   heap_bases, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+                   WORLD_BLOCK: tl.constexpr, WAIT_FLAGS: tl.constexpr, TRACE: tl.constexpr = False):
+    """The all-scatter: producer_consumer's consumer (``WAIT_FLAGS``: tile by tile as the GEMM
+    releases them, on a second stream) or bulk_synchronous's second kernel (after the whole GEMM)."""
+    epoch = enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    consume_tiles(tl.program_id(0), tl.num_programs(0), c, M, N, stride_cm, flags_ptr, ready_ptr, epoch, trace_ptr,
+                  rank, world_size, heap_bases, BLOCK_M, BLOCK_N, GROUP_M, WORLD_BLOCK, WAIT_FLAGS, TRACE)
+    finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
