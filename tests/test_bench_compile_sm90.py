@@ -23,6 +23,8 @@ from triton.compiler import ASTSource
 sys.path.insert(0, os.path.join(os.environ["PYTHONPATH"], "tests"))
 from trident.bench import p2p, all_access, device_api
 from test_trace import traced_kernel
+sys.path.insert(0, os.path.join(os.environ["PYTHONPATH"], "benchmarks"))
+from trace_demo import matmul_scatter_kernel
 
 MEM = {"x_ptr": "*fp16", "y_ptr": "*fp16", "n": "i32", "rank": "i32", "peer": "i32", "heap_bases": "*i64",
        "OP": "constexpr", "BLOCK": "constexpr"}
@@ -33,7 +35,7 @@ ALL = {"x_ptr": "*fp16", "y_ptr": "*fp16", "n": "i32", "peers": "i32", "rank": "
 API = {"x_ptr": "*fp16", "y_ptr": "*fp16", "n": "i32", "rank": "i32", "heap_bases": "*i64", "BLOCK": "constexpr"}
 TRACE = {"x_ptr": "*fp32", "y_ptr": "*fp32", "trace_ptr": "*i64", "n": "i32", "rank": "i32", "world_size": "i32",
          "heap_bases": "*i64", "BLOCK": "constexpr", "TRACE": "constexpr"}
-ALIGNED = ("x_ptr", "y_ptr", "n", "heap_bases", "c_ptr", "trace_ptr")
+ALIGNED = ("x_ptr", "y_ptr", "n", "heap_bases", "c_ptr", "trace_ptr", "a_ptr", "b_ptr", "M", "N_SHARD", "K")
 
 cases = {}
 for op in p2p.MEMORY_OPS:
@@ -47,6 +49,10 @@ for name, fn in device_api.VARIANTS.items():
     cases[f"api-{name}"] = (fn, API, {"BLOCK": 4096}, 8)
 cases["trace-on"] = (traced_kernel, TRACE, {"BLOCK": 1024, "TRACE": True}, 4)
 cases["trace-off"] = (traced_kernel, TRACE, {"BLOCK": 1024, "TRACE": False}, 4)
+DEMO = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "trace_ptr": "*i64", "M": "i32", "N_SHARD": "i32",
+        "K": "i32", "rank": "i32", "world_size": "i32", "heap_bases": "*i64", "BLOCK_M": "constexpr",
+        "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "TRACE": "constexpr"}
+cases["demo-traced"] = (matmul_scatter_kernel, DEMO, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "TRACE": True}, 8)
 
 results = {}
 for name, (fn, sig, cst, warps) in cases.items():
@@ -77,7 +83,7 @@ def test_bench_and_trace_kernels_compile_for_sm90(tmp_path):
     proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(res) == 2 * (4 + 6 + 2 + 6 + 2)
+    assert len(res) == 2 * (4 + 6 + 2 + 6 + 2 + 1)
     failed = {k: v["error"] for k, v in res.items() if not v["ok"]}
     assert not failed, failed
     for key, r in res.items():
@@ -94,3 +100,5 @@ def test_bench_and_trace_kernels_compile_for_sm90(tmp_path):
         on, off = res["trace-on" + suffix], res["trace-off" + suffix]
         assert on["timer"] and len(on["atomics"]) == 2 and all(".gpu" in a for a in on["atomics"]), on
         assert off["atomics"] == [], off
+        demo = res["demo-traced" + suffix]  # one compute record, and one comm record in the peer loop
+        assert demo["timer"] and len(demo["atomics"]) == 2, demo

@@ -119,3 +119,30 @@ def test_decode_ignores_unwritten_slots():
     events = tt.decode(buf, rank=1)
     assert events == [tt.Event(1, 4, 9, 0, 10, 20, 1)] and events.dropped == 0
     assert events[0].kind_name == "comm"
+
+
+def _demo(ctx, out):
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(trident.__file__))), "benchmarks",
+                        "trace_demo.py")
+    spec = importlib.util.spec_from_file_location("trace_demo", path)
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    return [tuple(e) for e in demo.run(ctx, 32, 32, 32, (16, 16, 16), out)]
+
+
+def test_trace_demo_matmul_all_scatter(pool2, tmp_path):
+    """benchmarks/trace_demo.py: 4 tiles per rank, each computed then sent to both ranks."""
+    events = [tt.Event(*e) for e in pool2.run(_demo, str(tmp_path))[0]]
+    assert len(events) == 2 * 4 * (1 + 2)
+    for rank in (0, 1):
+        for tile in range(4):
+            comp = [e for e in events if e.rank == rank and e.tile == tile and e.kind == tt.COMPUTE.value]
+            comm = [e for e in events if e.rank == rank and e.tile == tile and e.kind == tt.COMM.value]
+            assert len(comp) == 1 and sorted(e.peer for e in comm) == [0, 1]
+            assert all(comp[0].t_end <= e.t_start for e in comm)
+    doc = json.loads((tmp_path / "trace.json").read_text())
+    assert len([e for e in doc["traceEvents"] if e["ph"] == "X"]) == len(events)
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
