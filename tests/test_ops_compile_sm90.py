@@ -1,0 +1,83 @@
+"""The trident.ops kernels compile for sm_90 (CI has no GPU; the simulator never compiles them).
+
+Built in a child process with ``TRIDENT_BACKEND=cuda``: the matmul with descriptors (TMA) and with
+pointers, and every pattern kernel, once with tracing on. The descriptor build must use Hopper's
+bulk tensor copies and wgmma.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHILD = r'''
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from trident.ops import gas_kernels as G
+from trident.ops.matmul import matmul_kernel
+
+BM, BN, BK = 128, 128, 64
+TILE = {"BLOCK_M": BM, "BLOCK_N": BN, "GROUP_M": 8}
+SIZES = {"M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32",
+         "stride_bn": "i32", "stride_cm": "i32"}
+SYNC = {"state_ptr": "*i64", "ready_ptr": "*i64", "arrived_ptr": "*i64", "trace_ptr": "*i64", "rank": "i32",
+        "world_size": "i32", "heap_bases": "*i64"}
+
+def ab(tma):
+    if tma:
+        return {"a": f"tensordesc<bf16[{BM}, {BK}]>", "b": f"tensordesc<bf16[{BK}, {BN}]>", "c": "*bf16"}
+    return {"a": "*bf16", "b": "*bf16", "c": "*bf16"}
+
+def build(fn, sig, cst, warps=8, stages=3):
+    sig = dict(sig, **{k: "constexpr" for k in cst})
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cst), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps, "num_stages": stages})
+    return k.asm["ptx"]
+
+results = {}
+def case(name, fn, sig, cst):
+    try:
+        ptx = build(fn, sig, cst)
+        results[name] = {"ok": True, "wgmma": "wgmma" in ptx, "tma": "cp.async.bulk.tensor" in ptx}
+    except Exception as exc:
+        results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-1500:]}
+
+for tma in (True, False):
+    case(f"matmul tma={tma}", matmul_kernel, {**ab(tma), **SIZES, "stride_cn": "i32"},
+         dict(TILE, BLOCK_K=BK, USE_TMA=tma, C_TMA=False, SUBTILE=False, FLATTEN=tma))
+    gemm = {**ab(tma), **SIZES}
+    case(f"fused_sequential tma={tma}", G.fused_sequential_kernel, {**gemm, **SYNC},
+         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8, TRACE=not tma))
+    if not tma:
+        continue  # the pointer path of the pattern kernels is the same tile_dot as fused_sequential's
+    case(f"workgroup_specialized tma={tma}", G.workgroup_specialized_kernel,
+         {**gemm, "gemm_programs": "i32", **SYNC, "flags_ptr": "*i64"},
+         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8, TRACE=tma))
+    case(f"producer tma={tma}", G.producer_kernel,
+         {**gemm, "state_ptr": "*i64", "flags_ptr": "*i64", "trace_ptr": "*i64", "rank": "i32", "heap_bases": "*i64"},
+         dict(TILE, BLOCK_K=BK, USE_TMA=tma, TRACE=False))
+for wait in (True, False):
+    case(f"scatter wait={wait}", G.scatter_kernel,
+         {"c": "*bf16", "M": "i32", "N": "i32", "stride_cm": "i32", **SYNC, "flags_ptr": "*i64"},
+         dict(TILE, WORLD_BLOCK=8, WAIT_FLAGS=wait, TRACE=wait))
+print(json.dumps(results))
+'''
+
+
+def test_ops_kernels_compile_for_sm90_with_tma_and_wgmma(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRIDENT_BACKEND="cuda", PYTHONPATH=ROOT, TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == 8
+    failed = {k: v["error"] for k, v in results.items() if not v["ok"]}
+    assert not failed, failed
+    for name, r in results.items():
+        if "scatter" not in name:
+            assert r["wgmma"], f"{name}: no wgmma in the PTX"
+        assert r["tma"] == ("tma=True" in name), f"{name}: bulk tensor copies {'missing' if 'tma=True' in name else 'unexpected'}"
