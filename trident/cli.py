@@ -114,6 +114,8 @@ BENCHMARKS = {
     "all-load": Bench("trident.bench.all_access", ("--mode", "load"), "every rank reads all peers at once"),
     "all-store": Bench("trident.bench.all_access", ("--mode", "store"), "every rank writes all peers at once"),
     "device-api": Bench("trident.bench.device_api", (), "device-API translation cost vs a plain copy", 1),
+    "gemm": Bench("trident.bench.gemm", (), "trident's persistent matmul vs torch.matmul (cuBLAS), one GPU", 1),
+    "gemm-all-scatter": Bench("trident.bench.gemm_all_scatter", (), "GEMM + all-scatter patterns vs torch + NCCL"),
 }
 
 

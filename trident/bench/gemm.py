@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import json
 import os
-import platform
 import statistics
-import subprocess
 import time
 
 import torch
-import triton
 
-import trident  # noqa: F401  (picks the backend before any kernel is defined)
-from trident.ops.matmul import MatmulConfig, matmul, pick_config
+import trident
+from trident.ops.matmul import MatmulConfig, matmul, pick_config, sm_count
+
+from . import harness
 
 PAPER_SHAPES = [(8192, 4608, 36864), (8192, 3584, 14336), (8192, 576, 36864), (8192, 448, 14336),
                 (4096, 4096, 4096), (4096, 4096, 16384)]
@@ -97,38 +94,18 @@ def bench_shape(M, N, K, dtype, device, configs, warmup, repeats) -> list[dict]:
     return rows
 
 
-def metadata(dtype) -> dict:
-    """GPU, driver, versions and date for the JSON record."""
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-            "dtype": str(dtype).replace("torch.", ""), "backend": trident.config.BACKEND}
-    if torch.cuda.is_available():
-        meta["gpu"] = torch.cuda.get_device_name()
-        meta["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
-        try:
-            meta["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                            capture_output=True, text=True, timeout=20).stdout.strip()
-        except Exception:
-            meta["driver"] = "unknown"
-    else:
-        meta["gpu"] = "cpu (simulator)"
-    return meta
-
-
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="trident bench gemm", description=__doc__)
     parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--shapes", default=None, help="MxNxK,MxNxK,... (default: the paper's shapes)")
     parser.add_argument("--sweep", action="store_true", help="also time the candidate configs")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--out", default="results/gemm")
+    harness.add_common_args(parser, "gemm", warmup=5, repeats=30)
     args = parser.parse_args(argv)
-    if int(os.environ.get("RANK", "0")) != 0:
-        return  # one GPU, one process: other ranks of a `trident bench -n N` launch have nothing to do
+    if int(os.environ.get("WORLD_SIZE", "1")) != 1:
+        raise SystemExit("trident bench gemm runs on one rank (trident bench gemm -n 1)")
     dtype = getattr(torch, args.dtype)
-    cuda = torch.cuda.is_available() and trident.config.BACKEND == "cuda"
-    device = torch.device("cuda" if cuda else "cpu")
+    ctx = trident.init(heap_size=64 << 20)  # one rank: for the device, the metadata and the results record
+    cuda, device = ctx.backend == "cuda", ctx.device
     if args.shapes:
         shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     else:
@@ -137,7 +114,7 @@ def main(argv=None) -> None:
         args.warmup, args.repeats = 1, 2
     rows = []
     for M, N, K in shapes:
-        table = pick_config(M, N, K, dtype, "cuda" if cuda else "sim")
+        table = pick_config(M, N, K, dtype, ctx.backend, sm_count(device))
         configs = [table] + ([c for c in SWEEP if c != table] if args.sweep and cuda else [])
         shape_rows = bench_shape(M, N, K, dtype, device, configs, args.warmup, args.repeats)
         shape_rows[1]["table_config"] = True
@@ -150,13 +127,13 @@ def main(argv=None) -> None:
         if best is not None and args.sweep:
             line += f" | best {best['tflops']:.0f} ({100 * best['vs_torch']:.1f}%) {best['config']}"
         print(line, flush=True)
-    record = {"benchmark": "gemm", "meta": metadata(dtype), "performance_figure": cuda, "rows": rows}
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "gemm.json")
-    with open(path, "w") as f:
-        json.dump(record, f, indent=1)
-    print(f"wrote {path}")
+    record = harness.new_record(ctx, "gemm", {k: v for k, v in vars(args).items() if k != "no_progress"})
+    record["rows"] = rows
+    print(harness.header(record))
+    print(f"wrote {harness.write_results(record, args.out)}")
+    ctx.close()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

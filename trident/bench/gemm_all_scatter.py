@@ -1,0 +1,150 @@
+"""``trident bench gemm-all-scatter``: every GEMM + all-scatter pattern against the baseline.
+
+For each shape (M x N x K, N counting every rank's columns) and pattern: warm-up, then the median
+of ``--repeats`` calls timed with CUDA events, taken as the maximum over ranks. Two reference
+rows per shape: ``gemm`` (``trident.ops.matmul`` on this rank's shard alone, no communication:
+what the GEMM costs) and ``baseline`` (torch.matmul + all_gather + layout fix; needs one GPU per
+rank). Output: JSON, a table (time, speedup over baseline, and the time over the GEMM alone), a
+PNG of the speedups and a stacked GEMM / exposed-communication breakdown per pattern.
+
+With one rank (``trident bench gemm-all-scatter -n 1``) every pattern's extra time over ``gemm``
+is the cost of the communication machinery itself. Ranks sharing a GPU check correctness only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+import trident
+from trident.ops import PATTERNS, MatmulConfig
+from trident.ops.matmul import matmul
+
+from . import harness, plots
+
+GPU_SHAPES = [(8192, 4608, 36864), (8192, 3584, 14336), (4096, 4096, 4096), (4096, 8192, 8192)]
+SIM_SHAPES = [(32, 32, 32)]
+SIM_CONFIG = MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, num_warps=4, num_stages=1)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The benchmark's arguments (``trident bench gemm-all-scatter --help``)."""
+    parser = argparse.ArgumentParser(prog="trident bench gemm-all-scatter", description=__doc__)
+    parser.add_argument("--shapes", default=None, help="MxNxK,... (N: all ranks' columns; default: paper shapes)")
+    parser.add_argument("--patterns", default=",".join(p for p in PATTERNS), help="comma-separated")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
+    parser.add_argument("--comm-programs", type=int, default=None, help="communication programs (pc, ws)")
+    harness.add_common_args(parser, "gemm_all_scatter", warmup=3, repeats=10)
+    return parser.parse_args(argv)
+
+
+def _err(C: torch.Tensor, want: torch.Tensor) -> float:
+    return float((C.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
+
+
+def run(ctx, args) -> dict:
+    """Time every pattern on every shape (collective); returns the record on every rank."""
+    dtype = getattr(torch, args.dtype)
+    w = ctx.world_size
+    shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes
+              else GPU_SHAPES if ctx.backend == "cuda" else SIM_SHAPES)
+    patterns = [p for p in args.patterns.split(",") if p]
+    with_baseline = not (ctx.backend == "cuda" and harness.gpu_count(ctx) < w)
+    config = None if ctx.backend == "cuda" else SIM_CONFIG
+    record = harness.new_record(ctx, "gemm-all-scatter", {k: v for k, v in vars(args).items() if k != "no_progress"})
+    for M, N, K in shapes:
+        if N % w:
+            raise SystemExit(f"shape {M}x{N}x{K}: N must be divisible by the {w} ranks")
+        record["rows"] += _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline, config)
+    return record
+
+
+def _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline, config) -> list[dict]:
+    """Check, then time, the GEMM alone and every pattern on one shape (collective)."""
+    n = N // ctx.world_size
+    gen = torch.Generator(device=ctx.device).manual_seed(1)
+    A = torch.randn(M, K, device=ctx.device, dtype=dtype, generator=gen)
+    B = torch.randn(K, N, device=ctx.device, dtype=dtype, generator=gen)  # the same B on every rank
+    B_local = B[:, ctx.rank * n:(ctx.rank + 1) * n].contiguous()
+    want = torch.matmul(A, B)
+    C, local = ctx.empty(M, N, dtype=dtype), torch.empty(M, n, device=ctx.device, dtype=dtype)
+    calls = {"gemm": lambda: matmul(A, B_local, out=local, config=config)}
+    for p in patterns:
+        if p in ("baseline", "auto") and not with_baseline:
+            continue
+        calls[p] = lambda p=p: trident.ops.gemm_all_scatter(ctx, A, B_local, C, pattern=p, config=config,
+                                                            comm_programs=args.comm_programs)
+    times = {}
+    for name, fn in harness.progress(list(calls.items()), ctx, args, f"{M}x{N}x{K}"):
+        ctx.barrier()
+        if name != "gemm":  # each pattern is checked before it is timed
+            C.fill_(float("nan"))
+            ctx.barrier()
+            fn()
+            ctx.barrier()
+            err = _err(C, want)
+            if not err < 2e-2:
+                raise RuntimeError(f"rank {ctx.rank}: {name} on {M}x{N}x{K}: relative error {err:.3g}")
+            ctx.barrier()
+        times[name] = harness.max_over_ranks(ctx, harness.time_ms(ctx, fn, args.warmup, args.repeats))
+    ctx.free(C)
+    return [{"shape": f"{M}x{N}x{K}", "pattern": name, "time_ms": ms, "tflops": 2.0 * M * N * K / ms / 1e9,
+             "vs_gemm": ms / times["gemm"], "speedup": times["baseline"] / ms if "baseline" in times else None,
+             "gemm_ms": times["gemm"], "exposed_comm_ms": max(ms - times["gemm"], 0.0),
+             "chosen": trident.ops.choose_pattern(ctx, M, N, K) if name == "auto" else None}
+            for name, ms in times.items()]
+
+
+def _breakdown(record: dict, path: str) -> str | None:
+    """Stacked bars per shape and pattern: the GEMM alone, and the time on top of it (exposed communication)."""
+    plt = plots._pyplot()
+    if plt is None:
+        return None
+    rows = [r for r in record["rows"] if r["pattern"] != "gemm"]
+    labels = [f"{r['shape']}\n{r['pattern']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(rows)), 4.5))
+    x = range(len(rows))
+    ax.bar(x, [min(r["gemm_ms"], r["time_ms"]) for r in rows], label="GEMM alone")
+    ax.bar(x, [r["exposed_comm_ms"] for r in rows], bottom=[min(r["gemm_ms"], r["time_ms"]) for r in rows],
+           label="on top of the GEMM (exposed communication)")
+    ax.set_xticks(list(x), labels, rotation=60, fontsize=7)
+    ax.set_ylabel("time (ms)")
+    ax.legend(fontsize=8)
+    fig.suptitle(plots._title(record, "GEMM + all-scatter: where the time goes"), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def report(record: dict, out: str) -> list[str]:
+    """Write the JSON and the plots into ``out`` and print the table; returns the files written."""
+    files = [harness.write_results(record, out)]
+    print(harness.header(record))
+    columns = [("shape", "shape", ""), ("pattern", "pattern", ""), ("time_ms", "ms", ".3f"),
+               ("tflops", "TFLOP/s", ".0f"), ("speedup", "vs baseline", ".2f"), ("vs_gemm", "/ gemm", ".3f"),
+               ("chosen", "auto chose", "")]
+    print(harness.table(record["rows"], columns))
+    with_speedup = dict(record, rows=[r for r in record["rows"] if r["speedup"] is not None])
+    png = plots.bars(with_speedup, f"{out}/gemm_all_scatter_speedup.png", "shape", "pattern", "speedup",
+                     "speedup over baseline", "GEMM + all-scatter") if with_speedup["rows"] else None
+    stacked = _breakdown(record, f"{out}/gemm_all_scatter_breakdown.png")
+    return files + [p for p in (png, stacked) if p]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if trident.config.BACKEND == "sim":
+        args.repeats, args.warmup = 2, 1
+    ctx = trident.init(heap_size=(8 << 30) if trident.config.BACKEND == "cuda" else 64 << 20)
+    record = run(ctx, args)
+    if ctx.rank == 0:
+        report(record, args.out)
+    ctx.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
