@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 if [ "$what" = patterns ] || [ "$what" = all ]; then
   set -o pipefail
   timeout ${PYTEST_LIMIT:-330} python3 -m pytest -q -x --backend cuda -p no:cacheprovider --durations=8 \
-    tests/test_ops_matmul.py tests/test_ops_gemm_all_scatter.py 2>&1 | tee "$OUT/pytest_ops_cuda.log" | tail -25
+    ${PYTEST_ARGS:-} tests/test_ops_matmul.py tests/test_ops_gemm_all_scatter.py 2>&1 | tee "$OUT/pytest_ops_cuda.log" | tail -25
   echo "pytest exit: $?"
   # One rank: each pattern against the GEMM alone (the cost of the communication machinery).
   timeout 150 python3 -m trident bench gemm-all-scatter -n 1 --no-progress --out /tmp/gas1 2>&1 | grep -v Warning | tail -32
