@@ -18,8 +18,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from trident.ccl import kernels as K
 
-COMMON = {"flags_ptr": "*i64", "counts_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64",
-          "BLOCK": "constexpr", "MAX_PROGRAMS": "constexpr", "WORLD_BLOCK": "constexpr"}
+COMMON = {"args_ptr": "*i64", "flags_ptr": "*i64", "counts_ptr": "*i64", "rank": "i32", "world_size": "i32",
+          "heap_bases": "*i64", "BLOCK": "constexpr", "MAX_PROGRAMS": "constexpr", "WORLD_BLOCK": "constexpr"}
 CASES = {
     "all_gather": (K.all_gather_kernel, {"inp_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32"}, {}),
     "reduce_scatter": (K.reduce_scatter_kernel, {"inp_ptr": "*fp16", "out_ptr": "*fp16", "m": "i32", "OP": "constexpr",

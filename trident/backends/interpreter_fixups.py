@@ -10,7 +10,8 @@
    process, which is no atomic across ranks. The simulator runs those three as compare-and-swap
    loops on the raw bits, which are real atomics across rank processes.
 3. Casts between bf16 and anything but fp32 (``x.to(tl.bfloat16)`` of an int, a Python scalar
-   given to a bf16 atomic) reinterpret the number as raw bf16 bits; the simulator goes through fp32.
+   given to a bf16 atomic) reinterpret the number as raw bf16 bits, and fp32 to bf16 truncates
+   where GPUs round to nearest even; the simulator goes through fp32 and rounds to nearest even.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def _install_atomic_fallbacks(interpreter) -> None:
 
     def cast_impl(self, src, dst_type):
         src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
-        if dst_ty == tl.bfloat16 and src_ty not in (tl.bfloat16, tl.float32):
+        if dst_ty == tl.bfloat16 and src_ty != tl.bfloat16:
             return interpreter.TensorHandle(_f32_to_bf16(np.asarray(src.data).astype(np.float32)), dst_ty)
         if src_ty == tl.bfloat16 and dst_ty not in (tl.bfloat16, tl.float32):
             values = _bf16_to_f32(np.asarray(src.data))

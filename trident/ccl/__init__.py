@@ -2,7 +2,7 @@
 
 Host level: ``all_gather``, ``all_reduce``, ``reduce_scatter``, ``all_to_all``, ``all_to_all_v``,
 ``broadcast`` (each takes the context first). Tile level, for fusing into your own kernels:
-``trident.ccl.device`` (``reduce_tile``, ``broadcast_tile``, ``combine``) with ``trident.sync_ranks``.
+``trident.ccl.device`` (``reduce_tile``, ``broadcast_tile``, ``combine``, ``shifted``) with ``trident.sync_ranks``.
 """
 
 from . import device

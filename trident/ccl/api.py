@@ -84,7 +84,7 @@ def _launch(ctx, kernel, work_items: int | None, *args, **constexprs) -> None:
     block = constexprs.pop("BLOCK")
     limit = _program_limit(ctx)
     programs = limit if work_items is None else max(1, min(triton.cdiv(max(work_items, 1), block), limit))
-    kernel[(programs,)](*args, ws.flags, ws.counts, ctx.rank, ctx.world_size, ctx.heap_bases, BLOCK=block,
+    kernel[(programs,)](*args, ws.args, ws.flags, ws.counts, ctx.rank, ctx.world_size, ctx.heap_bases, BLOCK=block,
                         MAX_PROGRAMS=MAX_PROGRAMS, WORLD_BLOCK=triton.next_power_of_2(ctx.world_size),
                         num_warps=4 if block <= 2048 else 8, **constexprs)
 
@@ -96,7 +96,11 @@ def _block(ctx, numel: int) -> int:
 
 
 def _on_heap(ctx, t: torch.Tensor, name: str, copy_in: bool) -> torch.Tensor:
-    """``t`` itself when it is symmetric, else a staging buffer (with t's data when ``copy_in``)."""
+    """``t`` itself when it lies on the heap, else a staging buffer (with t's data when ``copy_in``).
+
+    Ranks may decide differently (and pass heap tensors at different offsets): the kernels
+    exchange where each rank's tensor lies. The staging buffer is allocated on every rank all the
+    same, so that allocations stay in step."""
     stage = workspace(ctx).buffer(name, t.numel(), t.dtype).view(t.shape)
     if ctx.is_symmetric(t):
         return t
@@ -218,10 +222,10 @@ def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_split
 
     Args:
         out: receives ``out_splits[p]`` rows from each rank ``p``, in rank order (any tensor).
-        inp: sends ``in_splits[p]`` rows to each rank ``p``, in rank order. It must be symmetric
-            (allocate it once with the largest row count, e.g. ``ctx.empty(capacity, hidden)``, and
-            pass ``buf[:rows]``): row counts differ between ranks, so no staging buffer could have
-            the same size everywhere without a host round trip.
+        inp: sends ``in_splits[p]`` rows to each rank ``p``, in rank order. It must lie on the heap
+            (row counts differ between ranks, so no staging buffer could be allocated collectively
+            without a host round trip): allocate a buffer of the largest row count once, e.g.
+            ``ctx.empty(capacity, hidden)``, and pass ``buf[:rows]`` (also when ``rows`` is 0).
         out_splits, in_splits: lists or int tensors of ``world_size`` row counts; ``out_splits[p]``
             must equal rank p's ``in_splits[this rank]``. Device tensors keep the call graph-capturable.
 
@@ -232,8 +236,8 @@ def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_split
     _check(ctx, "all_to_all_v", out=out, inp=inp)
     if not ctx.is_symmetric(inp):
         raise NotSymmetricError(
-            f"rank {ctx.rank}: all_to_all_v: inp must be a symmetric tensor (its size differs between ranks, so "
-            f"it cannot be staged): allocate a buffer of the largest size with ctx.empty and pass a slice of it"
+            f"rank {ctx.rank}: all_to_all_v: inp must lie on the heap (its size differs between ranks, so it "
+            f"cannot be staged): allocate a buffer of the largest size with ctx.empty and pass a slice of it"
         )
     return _all_to_all_rows(ctx, out, inp, out_splits, in_splits, "all_to_all_v")
 

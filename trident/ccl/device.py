@@ -28,11 +28,26 @@ def combine(a, b, OP: tl.constexpr):
 
 
 @triton.jit
-def reduce_tile(ptr, rank, world_size, heap_bases, mask, OP: tl.constexpr, ACC: tl.constexpr):
+def shifted(ptr, shift, peer):
+    """``ptr`` moved by ``shift[peer]`` elements, or ``ptr`` itself when ``shift`` is None.
+
+    ``shift`` (one int64 per rank) describes tensors that lie at different heap offsets on
+    different ranks: ``shift[p]`` is how many elements rank p's copy lies after mine.
+    """
+    if shift is None:
+        moved = ptr
+    else:
+        moved = ptr + tl.sum(tl.where(tl.arange(0, shift.shape[0]) == peer, shift, 0))
+    return moved
+
+
+@triton.jit
+def reduce_tile(ptr, rank, world_size, heap_bases, mask, OP: tl.constexpr, ACC: tl.constexpr, shift=None):
     """Every rank's copy of the tile at ``ptr``, combined with OP in dtype ACC.
 
     Ranks start with their own copy and then read their peers in a rotated order, so that at a
-    given moment different ranks read different peers.
+    given moment different ranks read different peers. Pass ``shift`` (see :func:`shifted`) when
+    the ranks' copies lie at different heap offsets.
 
     Example::
 
@@ -41,7 +56,8 @@ def reduce_tile(ptr, rank, world_size, heap_bases, mask, OP: tl.constexpr, ACC: 
     acc = tl.load(ptr, mask=mask, other=0).to(ACC)
     for i in range(1, world_size):
         peer = (rank + i) % world_size
-        acc = combine(acc, load(ptr, rank, peer, heap_bases, mask=mask, other=0).to(ACC), OP)
+        theirs = load(shifted(ptr, shift, peer), rank, peer, heap_bases, mask=mask, other=0)
+        acc = combine(acc, theirs.to(ACC), OP)
     return acc
 
 

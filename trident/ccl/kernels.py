@@ -1,10 +1,12 @@
 """The collective kernels. All follow one shape:
 
-    epoch = counts[pid] + 1                       # this program's call number, kept on the device
-    sync_ranks(entry slots, epoch)                # every rank's inputs are ready (their kernels ran)
+    epoch, shift = _enter(src, ...)               # publish where my input lies, meet every rank
     for each of my tiles: read peers, write mine  # persistent loop: tile = pid, pid + programs, ...
-    sync_ranks(exit slots, epoch)                 # peers are done reading my inputs
-    counts[pid] = epoch
+    _exit(...)                                    # peers are done reading my input; counts[pid] = epoch
+
+``epoch`` is this program's call number, kept on the device. ``shift[p]`` says how many elements
+rank p's input lies after mine: ranks may pass different heap tensors (or one a heap tensor and
+another a staged plain one), and peers' copies are found through it, not assumed at my offset.
 
 Program ``pid`` of one rank only ever waits for program ``pid`` of the others, so the kernels
 also run in the simulator, where a launch's programs run one after another. Epochs live on
@@ -17,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ..device import load, sync_ranks
-from .device import reduce_tile
+from .device import reduce_tile, shifted
 
 PHASES = 3  # entry, middle, exit: each has its own slots
 
@@ -30,121 +32,144 @@ def _sync(flags_ptr, PHASE: tl.constexpr, epoch, rank, world_size, heap_bases, M
 
 
 @triton.jit
+def _enter(src_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS: tl.constexpr,
+           WORLD_BLOCK: tl.constexpr):
+    """Publish my input's heap offset, meet every rank (entry sync), read every rank's offset.
+
+    Returns ``(epoch, shift)``. A rank overwrites its published offset only in its next call,
+    after every peer has passed this call's later sync, so nobody reads a stale one.
+    """
+    pid = tl.program_id(0)
+    epoch = tl.load(counts_ptr + pid) + 1
+    my_base = tl.load(heap_bases + rank)
+    mine = tl.cast(src_ptr, tl.int64) - my_base
+    slot = args_ptr + pid
+    tl.store(slot, mine)  # published by the release inside the sync
+    _sync(flags_ptr, 0, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    ranks = tl.arange(0, WORLD_BLOCK)
+    valid = ranks < world_size
+    their_slots = tl.load(heap_bases + ranks, mask=valid, other=0) + (tl.cast(slot, tl.int64) - my_base)
+    theirs = tl.load(their_slots.to(tl.pointer_type(tl.int64)), mask=valid, other=0)
+    ELEMENT: tl.constexpr = src_ptr.dtype.element_ty.primitive_bitwidth // 8
+    return epoch, tl.where(valid, (theirs - mine) // ELEMENT, 0)
+
+
+@triton.jit
+def _exit(epoch, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS: tl.constexpr,
+          WORLD_BLOCK: tl.constexpr):
+    """Meet every rank again (nobody reads my input any more), then count this call as done."""
+    _sync(flags_ptr, 2, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    tl.store(counts_ptr + tl.program_id(0), epoch)
+
+
+@triton.jit
 def _tile(tile, limit, BLOCK: tl.constexpr):
     offs = tl.cast(tile, tl.int64) * BLOCK + tl.arange(0, BLOCK)
     return offs, offs < limit
 
 
 @triton.jit
-def all_gather_kernel(inp_ptr, out_ptr, n, flags_ptr, counts_ptr, rank, world_size, heap_bases,
+def all_gather_kernel(inp_ptr, out_ptr, n, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases,
                       BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    epoch = tl.load(counts_ptr + pid) + 1
-    _sync(flags_ptr, 0, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
-    for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
+    epoch, shift = _enter(inp_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS,
+                          WORLD_BLOCK)
+    for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, n, BLOCK)
         for i in range(world_size):
             peer = (rank + i) % world_size
-            value = load(inp_ptr + offs, rank, peer, heap_bases, mask=mask)
+            value = load(shifted(inp_ptr, shift, peer) + offs, rank, peer, heap_bases, mask=mask)
             tl.store(out_ptr + tl.cast(peer, tl.int64) * n + offs, value, mask=mask)
-    _sync(flags_ptr, 2, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
-    tl.store(counts_ptr + pid, epoch)
+    _exit(epoch, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
 
 
 @triton.jit
-def reduce_scatter_kernel(inp_ptr, out_ptr, m, flags_ptr, counts_ptr, rank, world_size, heap_bases,
+def reduce_scatter_kernel(inp_ptr, out_ptr, m, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases,
                           OP: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
                           WORLD_BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    epoch = tl.load(counts_ptr + pid) + 1
-    _sync(flags_ptr, 0, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
-    for tile in range(pid, tl.cdiv(m, BLOCK), tl.num_programs(0)):
+    epoch, shift = _enter(inp_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS,
+                          WORLD_BLOCK)
+    for tile in range(tl.program_id(0), tl.cdiv(m, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, m, BLOCK)
-        total = reduce_tile(inp_ptr + tl.cast(rank, tl.int64) * m + offs, rank, world_size, heap_bases, mask, OP, ACC)
-        tl.store(out_ptr + offs, total, mask=mask)
-    _sync(flags_ptr, 2, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
-    tl.store(counts_ptr + pid, epoch)
+        mine = inp_ptr + tl.cast(rank, tl.int64) * m + offs
+        tl.store(out_ptr + offs, reduce_tile(mine, rank, world_size, heap_bases, mask, OP, ACC, shift), mask=mask)
+    _exit(epoch, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
 
 
 @triton.jit
-def all_to_all_kernel(inp_ptr, out_ptr, table_ptr, inner, flags_ptr, counts_ptr, rank, world_size, heap_bases,
-                      BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+def all_to_all_kernel(inp_ptr, out_ptr, table_ptr, inner, args_ptr, flags_ptr, counts_ptr, rank, world_size,
+                      heap_bases, BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """Rows ``table[0:W]`` = how many rows each rank sends to each rank, ``table[W:2W]`` = where they start
     in its input, ``table[2W:3W]`` = where the rows from each rank start in my output (this rank's table)."""
-    pid = tl.program_id(0)
-    epoch = tl.load(counts_ptr + pid) + 1
-    _sync(flags_ptr, 0, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    epoch, shift = _enter(inp_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS,
+                          WORLD_BLOCK)
     for i in range(world_size):
         peer = (rank + i) % world_size
         count = load(table_ptr + rank, rank, peer, heap_bases) * inner
-        src = load(table_ptr + world_size + rank, rank, peer, heap_bases) * inner
-        dst = tl.load(table_ptr + 2 * world_size + peer) * inner
-        for tile in range(pid, tl.cdiv(count, BLOCK), tl.num_programs(0)):
+        src = shifted(inp_ptr, shift, peer) + load(table_ptr + world_size + rank, rank, peer, heap_bases) * inner
+        dst = out_ptr + tl.load(table_ptr + 2 * world_size + peer) * inner
+        for tile in range(tl.program_id(0), tl.cdiv(count, BLOCK), tl.num_programs(0)):
             offs, mask = _tile(tile, count, BLOCK)
-            tl.store(out_ptr + dst + offs, load(inp_ptr + src + offs, rank, peer, heap_bases, mask=mask), mask=mask)
-    _sync(flags_ptr, 2, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
-    tl.store(counts_ptr + pid, epoch)
+            tl.store(dst + offs, load(src + offs, rank, peer, heap_bases, mask=mask), mask=mask)
+    _exit(epoch, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
 
 
 @triton.jit
-def broadcast_kernel(x_ptr, n, src, flags_ptr, counts_ptr, rank, world_size, heap_bases,
+def broadcast_kernel(x_ptr, n, src, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases,
                      BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    epoch = tl.load(counts_ptr + pid) + 1
-    _sync(flags_ptr, 0, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    epoch, shift = _enter(x_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS,
+                          WORLD_BLOCK)
     if rank != src:
-        for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        source = shifted(x_ptr, shift, src)
+        for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
             offs, mask = _tile(tile, n, BLOCK)
-            tl.store(x_ptr + offs, load(x_ptr + offs, rank, src, heap_bases, mask=mask), mask=mask)
-    _sync(flags_ptr, 2, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
-    tl.store(counts_ptr + pid, epoch)
+            tl.store(x_ptr + offs, load(source + offs, rank, src, heap_bases, mask=mask), mask=mask)
+    _exit(epoch, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
 
 
 @triton.jit
-def all_reduce_one_shot_kernel(x_ptr, scratch_ptr, n, flags_ptr, counts_ptr, rank, world_size, heap_bases,
-                               OP: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+def all_reduce_one_shot_kernel(x_ptr, scratch_ptr, n, args_ptr, flags_ptr, counts_ptr, rank, world_size,
+                               heap_bases, OP: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
                                MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """Every rank reads every peer's whole tensor; results wait in scratch until peers are done reading."""
-    pid = tl.program_id(0)
-    epoch = tl.load(counts_ptr + pid) + 1
-    _sync(flags_ptr, 0, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
-    for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
+    epoch, shift = _enter(x_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS,
+                          WORLD_BLOCK)
+    for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, n, BLOCK)
-        tl.store(scratch_ptr + offs, reduce_tile(x_ptr + offs, rank, world_size, heap_bases, mask, OP, ACC),
-                 mask=mask)
+        total = reduce_tile(x_ptr + offs, rank, world_size, heap_bases, mask, OP, ACC, shift)
+        tl.store(scratch_ptr + offs, total, mask=mask)
     _sync(flags_ptr, 2, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
-    for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
+    for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, n, BLOCK)
         tl.store(x_ptr + offs, tl.load(scratch_ptr + offs, mask=mask), mask=mask)
-    tl.store(counts_ptr + pid, epoch)
+    tl.store(counts_ptr + tl.program_id(0), epoch)
 
 
 @triton.jit
-def all_reduce_two_shot_kernel(x_ptr, scratch_ptr, n, chunk, flags_ptr, counts_ptr, rank, world_size, heap_bases,
-                               OP: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+def all_reduce_two_shot_kernel(x_ptr, scratch_ptr, n, chunk, args_ptr, flags_ptr, counts_ptr, rank, world_size,
+                               heap_bases, OP: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
                                MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """Reduce-scatter into scratch (rank r owns chunk r), then every rank gathers every chunk.
 
     Tile t of every chunk belongs to the same program on every rank, so after the middle sync of
     program ``pid`` the tiles it gathers are reduced, and nobody reads them from ``x`` any more.
-    Scratch is reused only after the next call's entry sync, so no exit sync is needed.
+    Scratch (a workspace buffer: the same offset everywhere) is reused only after the next call's
+    entry sync, so no exit sync is needed.
     """
-    pid = tl.program_id(0)
-    epoch = tl.load(counts_ptr + pid) + 1
-    _sync(flags_ptr, 0, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    epoch, shift = _enter(x_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS,
+                          WORLD_BLOCK)
     tiles = tl.cdiv(chunk, BLOCK)
-    for tile in range(pid, tiles, tl.num_programs(0)):
+    for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
         local, in_chunk = _tile(tile, chunk, BLOCK)
         offs = tl.cast(rank, tl.int64) * chunk + local
         mask = in_chunk & (offs < n)
-        tl.store(scratch_ptr + offs, reduce_tile(x_ptr + offs, rank, world_size, heap_bases, mask, OP, ACC),
-                 mask=mask)
+        total = reduce_tile(x_ptr + offs, rank, world_size, heap_bases, mask, OP, ACC, shift)
+        tl.store(scratch_ptr + offs, total, mask=mask)
     _sync(flags_ptr, 1, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
     for i in range(world_size):
         owner = (rank + i) % world_size
-        for tile in range(pid, tiles, tl.num_programs(0)):
+        for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
             local, in_chunk = _tile(tile, chunk, BLOCK)
             offs = tl.cast(owner, tl.int64) * chunk + local
             mask = in_chunk & (offs < n)
             tl.store(x_ptr + offs, load(scratch_ptr + offs, rank, owner, heap_bases, mask=mask), mask=mask)
-    tl.store(counts_ptr + pid, epoch)
+    tl.store(counts_ptr + tl.program_id(0), epoch)

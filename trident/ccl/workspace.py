@@ -23,6 +23,7 @@ class Workspace:
         self.flags = ctx.zeros(PHASES * MAX_PROGRAMS * ctx.world_size, dtype=torch.int64)
         self.counts = ctx.zeros(MAX_PROGRAMS, dtype=torch.int64)
         self.table = ctx.zeros(3 * ctx.world_size, dtype=torch.int64)
+        self.args = ctx.zeros(MAX_PROGRAMS, dtype=torch.int64)  # per program: where this rank's input lies
         self._buffers: dict[str, torch.Tensor] = {}
         # A faster rank must not signal into our slots before we have zeroed them.
         ctx.barrier()
