@@ -1,4 +1,4 @@
-"""Soak and stress: thousands of heap operations and of random device operations, checked exactly."""
+"""Soak and stress: thousands of heap operations, of random device operations and of collectives, checked exactly."""
 
 import random
 
@@ -176,3 +176,55 @@ def _world_of_one(rank):
 
 def test_a_world_of_one_rank_works():
     assert trident.spawn(_world_of_one, 1, timeout=120) == [(1, [float(i) for i in range(10)], "hello")]
+
+
+# -- random collectives ---------------------------------------------------------------------------
+
+COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
+
+
+def _inputs_of(step, rank, numel, dtype):
+    """Small integers (exact in every dtype and every sum over 4 ranks), different per call and rank."""
+    g = torch.Generator().manual_seed(step * 7919 + rank)
+    return torch.randint(-20, 20, (numel,), generator=g).to(dtype)
+
+
+def _random_collectives_body(ctx, count, seed):
+    """The same seeded sequence of collectives on every rank (random kind, size, dtype, op, algorithm,
+    source, placement), each checked against a reference every rank computes for itself."""
+    from trident import ccl
+
+    rng, w, me, wrong = random.Random(seed), ctx.world_size, ctx.rank, []
+    heap_buffers = {dt: ctx.zeros(w * 5000, dtype=dt) for dt in (torch.int32, torch.float32, torch.int64)}
+    for step in range(count):
+        kind, dtype = rng.choice(COLLECTIVES), rng.choice(list(heap_buffers))
+        chunk = rng.choice([1, 3, 64, 1000, 4999])
+        on_heap = rng.random() < 0.5 if me % 2 else rng.random() < 0.7  # ranks decide placement differently
+        n = chunk * (w if kind in ("reduce_scatter", "all_to_all") else 1)
+        inputs = [_inputs_of(step, r, n, dtype) for r in range(w)]
+        x = heap_buffers[dtype][:n].copy_(inputs[me]) if on_heap else inputs[me].to(ctx.device).clone()
+        if kind == "all_reduce":
+            op, algorithm = rng.choice(["sum", "max", "min"]), rng.choice(["one_shot", "two_shot", "auto"])
+            got = ccl.all_reduce(ctx, x, op=op, algorithm=algorithm)
+            stacked = torch.stack(inputs)
+            want = {"sum": stacked.sum(0), "max": stacked.max(0).values, "min": stacked.min(0).values}[op].to(dtype)
+        elif kind == "all_gather":
+            got = ccl.all_gather(ctx, torch.empty(w * n, dtype=dtype, device=ctx.device), x)
+            want = torch.cat(inputs)
+        elif kind == "reduce_scatter":
+            got = ccl.reduce_scatter(ctx, torch.empty(chunk, dtype=dtype, device=ctx.device), x)
+            want = torch.stack(inputs).sum(0).to(dtype)[me * chunk:(me + 1) * chunk]
+        elif kind == "all_to_all":
+            got = ccl.all_to_all(ctx, torch.empty(n, dtype=dtype, device=ctx.device), x)
+            want = torch.cat([t[me * chunk:(me + 1) * chunk] for t in inputs])
+        else:
+            src = rng.randrange(w)
+            got, want = ccl.broadcast(ctx, x, src), inputs[src]
+        if not torch.equal(got.cpu(), want):
+            wrong.append(f"rank {me} step {step}: {kind} {dtype} n={n} heap={on_heap}")
+    return wrong
+
+
+def test_hundreds_of_random_collectives(pool4):
+    count = 60 if trident.config.BACKEND == "sim" else 1000  # the simulator runs kernels on 2 CPU cores
+    assert pool4.run(_random_collectives_body, count, 5) == [[]] * 4
