@@ -90,6 +90,7 @@ def run(ctx, m: int, n_shard: int, k: int, blocks: tuple[int, int, int], out: st
 
 
 def main() -> None:
+    """Run the demo on this rank (``trident run -n N benchmarks/trace_demo.py``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--m", type=int, default=4096)
     parser.add_argument("--n-shard", type=int, default=1024, help="columns of C each rank computes")

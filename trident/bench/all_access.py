@@ -147,6 +147,9 @@ def run(ctx, args) -> dict:
     record = harness.new_record(ctx, name, {**{k: v for k, v in vars(args).items() if k != "no_progress"},
                                             "peers_per_rank": peers, "sizes": sizes})
     record["references"] = {"copy_engine": not args.no_reference, "nccl_all_gather": with_nccl}
+    if w == 1:
+        alone = "one rank: its peer is itself, so this measures local memory, not a link"
+        record["note"] = f"{record['note']}; {alone}" if record["note"] else alone
     for size in harness.progress(sizes, ctx, args, name):
         n = max(size // dtype.itemsize, 1)
         grid = (triton.cdiv(n, args.block) * peers,)
@@ -196,6 +199,7 @@ def report(record: dict, out: str) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """Run ``trident bench all-load|all-store`` on this rank; returns the exit code (1 if data was wrong)."""
     args = parse_args(argv)
     if trident.config.BACKEND == "sim":
         sim_sizes(args)

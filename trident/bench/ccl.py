@@ -101,6 +101,7 @@ def report(record: dict, out: str) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """Run ``trident bench ccl`` on this rank (started once per rank by ``trident bench``); returns 0."""
     args = parse_args(argv)
     if trident.config.BACKEND == "sim":
         sim_sizes(args)

@@ -30,6 +30,7 @@ from . import harness, plots
 
 @triton.jit
 def plain_copy_kernel(x_ptr, y_ptr, n, rank, heap_bases, BLOCK: tl.constexpr):
+    """The reference: one BLOCK of x -> y with plain tl.load / tl.store."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
@@ -37,6 +38,7 @@ def plain_copy_kernel(x_ptr, y_ptr, n, rank, heap_bases, BLOCK: tl.constexpr):
 
 @triton.jit
 def load_kernel(x_ptr, y_ptr, n, rank, heap_bases, BLOCK: tl.constexpr):
+    """x -> y, reading x through trident.load (peer == rank)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(y_ptr + offs, trident.load(x_ptr + offs, rank, rank, heap_bases, mask=mask), mask=mask)
@@ -44,6 +46,7 @@ def load_kernel(x_ptr, y_ptr, n, rank, heap_bases, BLOCK: tl.constexpr):
 
 @triton.jit
 def store_kernel(x_ptr, y_ptr, n, rank, heap_bases, BLOCK: tl.constexpr):
+    """x -> y, writing y through trident.store (peer == rank)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     trident.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask), rank, rank, heap_bases, mask=mask)
@@ -51,18 +54,21 @@ def store_kernel(x_ptr, y_ptr, n, rank, heap_bases, BLOCK: tl.constexpr):
 
 @triton.jit
 def get_kernel(x_ptr, y_ptr, n, rank, heap_bases, BLOCK: tl.constexpr):
+    """x -> y with trident.get (peer == rank)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     trident.get(x_ptr + offs, y_ptr + offs, rank, rank, heap_bases, mask=offs < n)
 
 
 @triton.jit
 def put_kernel(x_ptr, y_ptr, n, rank, heap_bases, BLOCK: tl.constexpr):
+    """x -> y with trident.put (peer == rank)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     trident.put(x_ptr + offs, y_ptr + offs, rank, rank, heap_bases, mask=offs < n)
 
 
 @triton.jit
 def copy_kernel(x_ptr, y_ptr, n, rank, heap_bases, BLOCK: tl.constexpr):
+    """x -> y with trident.copy (both ends on this rank)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     trident.copy(x_ptr + offs, y_ptr + offs, rank, rank, rank, heap_bases, mask=offs < n)
 
@@ -158,6 +164,7 @@ def report(record: dict, out: str) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """Run ``trident bench device-api`` on this rank; returns the exit code (1 if a copy was wrong)."""
     args = parse_args(argv)
     if trident.config.BACKEND == "sim":
         sim_sizes(args)

@@ -206,7 +206,7 @@ def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     just = [(lambda s, w: s.ljust(w)) if f == "" else (lambda s, w: s.rjust(w)) for _, _, f in columns]
     lines = ["  ".join(j(h, w) for j, (_, h, _), w in zip(just, columns, widths, strict=True))]
     lines += ["  ".join(j(c, w) for j, c, w in zip(just, row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def progress(iterable, ctx, args, desc: str, total: int | None = None):

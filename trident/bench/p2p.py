@@ -174,6 +174,7 @@ def report(record: dict, out: str) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """Run ``trident bench p2p`` on this rank (started once per rank by ``trident bench``); returns the exit code."""
     args = parse_args(argv)
     if trident.config.BACKEND == "sim":
         sim_sizes(args)
