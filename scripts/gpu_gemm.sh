@@ -34,7 +34,8 @@ if [ "$what" = gemm ] || [ "$what" = all ]; then
 fi
 if [ "$what" = diag ] || [ "$what" = diag+tests ]; then
   # Where the time of workgroup_specialized / bulk_synchronous goes at one rank: variants with parts left out.
-  timeout ${DIAG_LIMIT:-150} python3 - <<'PY' 2>&1 | grep -v Warning | tee "$OUT/diag.log"
+  # (@triton.jit needs its source in a file: the script is written out first)
+  cat > /tmp/gas_diag.py <<'PY'
 import torch, triton, triton.language as tl
 import trident
 from trident.device import wait
@@ -102,4 +103,5 @@ for M, N, K in ((4096, 4096, 4096), (8192, 3584, 14336)):
     for k, v in res.items(): print(f"{M}x{N}x{K} {k:32s} {v:9.3f} ms", flush=True)
 ctx.close()
 PY
+  timeout ${DIAG_LIMIT:-150} python3 /tmp/gas_diag.py 2>&1 | grep -v Warning | tee "$OUT/diag.log"
 fi

@@ -80,4 +80,5 @@ def test_ops_kernels_compile_for_sm90_with_tma_and_wgmma(tmp_path):
     for name, r in results.items():
         if "scatter" not in name:
             assert r["wgmma"], f"{name}: no wgmma in the PTX"
-        assert r["tma"] == ("tma=True" in name), f"{name}: bulk tensor copies {'missing' if 'tma=True' in name else 'unexpected'}"
+        wanted = "tma=True" in name
+        assert r["tma"] == wanted, f"{name}: bulk tensor copies {'missing' if wanted else 'unexpected'}"

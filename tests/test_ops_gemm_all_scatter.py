@@ -42,6 +42,8 @@ def _pattern_body(ctx, patterns, cases):
     import trident
 
     errors = []
+    if "baseline" in patterns and ctx.device.type == "cuda" and torch.cuda.device_count() < ctx.world_size:
+        return None  # NCCL cannot place two ranks on one GPU: the baseline needs a GPU per rank
     for pattern in patterns:
         for i, (dtype, M, n, K, cfg) in enumerate(cases):
             C = ctx.empty(M, n * ctx.world_size, dtype=dtype)
@@ -57,7 +59,10 @@ def _pattern_body(ctx, patterns, cases):
 
 @pytest.mark.parametrize("pattern", FUSED + ("baseline",))
 def test_pattern_matches_torch(pool, pattern):
-    for errors in pool.run(_pattern_body, (pattern,), CASES):
+    results = pool.run(_pattern_body, (pattern,), CASES)
+    if results[0] is None:
+        pytest.skip("ranks share a GPU: torch.distributed's NCCL baseline cannot run")
+    for errors in results:
         assert len(errors) == 2 * len(CASES)
         for name, dtype, call, err, tol in errors:
             assert err < tol, (name, dtype, call, err)
@@ -75,6 +80,7 @@ def test_patterns_in_turn_share_buffers_and_epochs(pool2):
 
 def _trace_body(ctx, pattern):
     import trident
+    import trident.trace
 
     A, B, want = _inputs(ctx, torch.float16, 32, 16, 16, seed=3)
     C = ctx.empty(32, 16 * ctx.world_size, dtype=torch.float16)

@@ -105,6 +105,9 @@ def _check(ctx, A, B_local, C, pattern, config, comm_programs) -> None:
             v = getattr(config, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"{where}: config.{name}={v} must be a power of two >= 16")
+    if pattern == "baseline" and _shares_gpus(ctx):
+        raise ValueError(f"{where}: pattern='baseline' needs one GPU per rank (NCCL cannot place "
+                         f"{ctx.world_size} ranks on {torch.cuda.device_count()} GPU(s))")
     if comm_programs is not None and not (isinstance(comm_programs, int) and comm_programs >= 1):
         raise ValueError(f"{where}: comm_programs={comm_programs!r} must be a positive int")
 
@@ -137,9 +140,6 @@ def choose_pattern(ctx, M: int, N: int, K: int) -> str:
 
 
 def _baseline(ctx, A, B_local, C) -> None:
-    if _shares_gpus(ctx):
-        raise ValueError(f"rank {ctx.rank}: gemm_all_scatter: pattern='baseline' needs one GPU per rank (NCCL "
-                         f"cannot place {ctx.world_size} ranks on {torch.cuda.device_count()} GPU(s))")
     local = torch.matmul(A, B_local)
     gathered = torch.empty((ctx.world_size * local.shape[0], local.shape[1]), dtype=local.dtype, device=local.device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
