@@ -57,5 +57,6 @@ for n in $RANKS; do
   step "all_load_$n" 75 "$PY" -m trident bench all-load -n "$n" --max-bytes "$MAX_BYTES" --out "$OUT/all_load_$n"
   step "all_store_$n" 75 "$PY" -m trident bench all-store -n "$n" --max-bytes "$MAX_BYTES" --out "$OUT/all_store_$n"
 done
+"$PY" -m trident.bench.summary "$OUT" > "$OUT/summary.md" 2>&1  # Markdown tables for docs/benchmarks.md
 echo "total $(( $(date +%s) - start ))s; failed:${failed:- none}" | tee -a "$OUT/summary.txt"
 [ -z "$failed" ]

@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from trident.bench import harness
+from trident.bench import harness, summary
 
 PNG = b"\x89PNG\r\n\x1a\n"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -131,6 +131,10 @@ def test_all_load_and_all_store_sweep(pool2, tmp_path, mode):
         assert r["per_rank_gbps"] * 2 == pytest.approx(r["trident_gbps"])
         assert r["grid"] == r["bytes"] // 2 // 256  # one peer each, 256 elements per program
     assert record["references"] == {"copy_engine": True, "nccl_all_gather": False}
+    table = summary.summarize(record).splitlines()
+    assert "| B per rank | trident GB/s | copy engine GB/s | NCCL GB/s | of copy engine | ok |" in table
+    assert [line.split(" | ")[0] for line in table if line.startswith("| 4 KiB") or line.startswith("| 8 KiB")] == \
+        ["| 4 KiB", "| 8 KiB"]
 
 
 def test_device_api_and_ccl_on_the_harness(pool2, tmp_path):
@@ -158,7 +162,10 @@ def test_cli_bench_p2p_end_to_end(tmp_path):
     assert "correctness and harness run" in proc.stdout
     record = harness.validate(json.loads((out / "p2p.json").read_text()))
     assert len(record["rows"]) == 2 * 4 and record["all_correct"]
-    assert "p2p" in record["meta"]["command"] and "--atomic-elems 256" in record["meta"]["command"]
+    assert record["meta"]["command"].startswith("trident bench p2p -n 2 --ops load atomic_cas --bytes 4K")
+    text = summary.summarize(record)  # the Markdown for docs: one W x W matrix per op
+    assert "| load (GB/s) | peer 0 | peer 1 |" in text and "| atomic_cas (Mops/s) | peer 0 | peer 1 |" in text
+    assert text.count("| rank 0 |") == 2 and "wrong data" not in text and "correctness and harness run" in text
     assert _png_ok(out / "p2p.png")
 
 

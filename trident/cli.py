@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         nproc = bench.ranks if ns.nproc is None else ns.nproc
         if nproc < 1:
             parser.error(f"-n must be at least 1, got {nproc}")
+        # The benchmark records the command the user typed (its ranks only see `python -m module`).
+        os.environ["TRIDENT_BENCH_COMMAND"] = " ".join(["trident", "bench", ns.name, "-n", str(nproc), *ns.args])
         return run(nproc, [sys.executable, "-m", bench.module, *bench.args, *ns.args])
     if ns.nproc < 1:
         parser.error(f"-n must be at least 1, got {ns.nproc}")

@@ -119,7 +119,9 @@ def metadata(ctx, argv=None) -> dict:
     gpus = gpu_count(ctx)
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
-        "command": " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv)),
+        # `trident bench` passes the user's command line; a rank's own argv is only the module's.
+        "command": os.environ.get("TRIDENT_BENCH_COMMAND") or " ".join(
+            shlex.quote(a) for a in (argv if argv is not None else sys.argv)),
         "host": platform.node(), "backend": ctx.backend, "world_size": ctx.world_size, "gpus": gpus,
         "ranks_share_gpus": ctx.backend == "cuda" and gpus < ctx.world_size,
         "gpu": torch.cuda.get_device_name(ctx.device) if ctx.backend == "cuda" else "cpu (simulator)",
