@@ -316,9 +316,13 @@ class Context(SymmetricHeapMixin):
         self._control.set_abort(False)
 
     def _on_rank_gone(self, rank: int, why: str) -> None:
-        """The watchdog saw a peer's process end: stop this rank's device waits, naming it."""
+        """The watchdog saw a peer's process end: stop this rank's device waits, naming every lost rank.
+
+        Ranks often go together (the first one dies, the others then fail and exit), so the reason
+        lists all of them, the newly lost ``rank`` included, in rank order."""
         if not self._closed:
-            self._control.set_abort(True, f"rank {rank} is gone: {why}")
+            gone = {**self._watchdog.gone, rank: why}
+            self._control.set_abort(True, "; ".join(f"rank {r} is gone: {w}" for r, w in sorted(gone.items())))
 
     @property
     def lost_ranks(self) -> dict[int, str]:
