@@ -14,6 +14,7 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRIDENT_BACKEND=${TRIDENT_BACKEND:-cuda}
+export NCCL_NVLS_ENABLE=0  # never NVLink multicast on these hosts
 PY=${PY:-python3}
 OUT=${OUT:-results/gpu_bench}
 RANKS=${RANKS:-2 4}

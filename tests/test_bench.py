@@ -169,6 +169,12 @@ def test_cli_bench_p2p_end_to_end(tmp_path):
     assert _png_ok(out / "p2p.png")
 
 
+def test_nccl_reference_lines_never_use_nvlink_multicast():
+    import trident.bench.all_access  # noqa: F401  (imports the harness, as every benchmark does)
+
+    assert os.environ["NCCL_NVLS_ENABLE"] == "0"
+
+
 def test_cli_lists_benchmarks_and_rejects_unknown():
     from trident.cli import BENCHMARKS, main
 

@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"-n must be at least 1, got {nproc}")
         # The benchmark records the command the user typed (its ranks only see `python -m module`).
         os.environ["TRIDENT_BENCH_COMMAND"] = " ".join(["trident", "bench", ns.name, "-n", str(nproc), *ns.args])
+        os.environ["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast (see trident/bench/harness.py)
         return run(nproc, [sys.executable, "-m", bench.module, *bench.args, *ns.args])
     if ns.nproc < 1:
         parser.error(f"-n must be at least 1, got {ns.nproc}")
