@@ -37,6 +37,9 @@ def gemm_all_scatter_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, 
     # Which call is this? The epoch (1, 2, 3, ...) lives on the device and only grows, so flags
     # never need resetting. Program 0 also tells every peer "I have entered this call".
     epoch = enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    # A peer may still be reading its C from the previous call: store into it only once it has
+    # entered this one.
+    wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
 
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -47,10 +50,6 @@ def gemm_all_scatter_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, 
                        BLOCK_M, BLOCK_N, BLOCK_K, False)
         values = acc.to(c_ptr.dtype.element_ty)
         offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
-
-        # A peer may still be reading its C from the previous call: store into it only once it
-        # has entered this one (after the first tile this returns at once).
-        wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
         # The scatter: the same tile into every rank's C, starting with my own.
         for i in range(world_size):
             peer = (rank + i) % world_size

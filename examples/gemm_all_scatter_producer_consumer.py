@@ -49,14 +49,14 @@ def scatter_consumer_kernel(c_ptr, M, N, stride_cm, state_ptr, ready_ptr, arrive
     epoch = enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
+    # A peer may still read its C from the previous call: wait until it has entered this one.
+    wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
     for tile in range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
         # Acquire: wait until the GEMM has released this tile in this call.
         trident.wait(flags_ptr + tile, epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
         values = tl.load(c_ptr + offs, mask=mask)
-        # A peer may still read its C from the previous call: wait until it entered this one.
-        wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
         for i in range(1, world_size):                  # every peer, starting with the next rank
             peer = (rank + i) % world_size
             trident.store(c_ptr + offs, values, rank, peer, heap_bases, mask=mask)

@@ -58,7 +58,7 @@ def ws_diag(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, gemm_programs, state_ptr,
         num_pid_m = tl.cdiv(M, BLOCK_M)
         num_pid_n = tl.cdiv(N, BLOCK_N)
         if not READY_EACH:
-            G.wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+            G.wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
         for tile in tl.range(pid - gemm_programs, num_pid_m * num_pid_n, tl.num_programs(0) - gemm_programs):
             if WAIT_FLAGS:
                 wait(flags_ptr + tile, epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
@@ -66,7 +66,7 @@ def ws_diag(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, gemm_programs, state_ptr,
             offs, mask = tile_offsets(pid_m, pid_n, M, N, scm, 1, BLOCK_M, BLOCK_N)
             v = tl.load(c + offs, mask=mask)
             if READY_EACH:
-                G.wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+                G.wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
             G.scatter_tile(c, offs, mask, v, tile, trace_ptr, rank, world_size, heap_bases, 1, False)
     if FINISH:
         G.finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)

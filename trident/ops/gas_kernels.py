@@ -9,7 +9,7 @@ Synchronization, with epochs (the call's number, kept on the device; nothing is 
 
 * :func:`enter_call`: every program reads the epoch; program 0 tells every peer "I am in call
   ``epoch``" (so peers know this rank no longer reads last call's ``C`` and may overwrite it).
-* :func:`wait_peers_ready`: before a program stores into peers, it waits for that.
+* :func:`wait_peers_ready`: before its first store into a peer, a program waits for that.
 * tile flags (``producer_consumer``, ``workgroup_specialized``): the GEMM releases
   ``flags[tile] = epoch`` after writing a tile into the local ``C``; the communication side
   acquires it, then reads the tile back and stores it into every peer's ``C``.
@@ -52,10 +52,12 @@ def enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK: 
 
 
 @triton.jit
-def wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
-    """Acquire: every peer has entered call ``epoch`` (returns at once once they have)."""
-    peers = tl.arange(0, WORLD_BLOCK)
-    wait(ready_ptr + peers, epoch, rank, rank, heap_bases, cmp="ge", mask=peers < world_size)
+def wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases):
+    """Acquire: every peer has entered call ``epoch``. Called once per program, before its first
+    store into a peer. One scalar wait per peer: each poll is a plain acquire load, so many programs
+    polling the same flag do not queue up behind each other as read-modify-write atomics would."""
+    for peer in range(world_size):
+        wait(ready_ptr + peer, epoch, rank, rank, heap_bases, cmp="ge")
 
 
 @triton.jit
@@ -117,6 +119,7 @@ def consume_tiles(first, step, c, M, N, stride_cm, flags_ptr, ready_ptr, epoch, 
     """
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
+    wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
     for tile in tl.range(first, num_pid_m * num_pid_n, step):
         if WAIT_FLAGS:
             t0 = clock(TRACE)
@@ -125,7 +128,6 @@ def consume_tiles(first, step, c, M, N, stride_cm, flags_ptr, ready_ptr, epoch, 
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
         values = tl.load(c + offs, mask=mask)
-        wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
         scatter_tile(c, offs, mask, values, tile, trace_ptr, rank, world_size, heap_bases, 1, TRACE)
 
 
@@ -137,6 +139,7 @@ def fused_sequential_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, s
                             TRACE: tl.constexpr = False):
     """One persistent kernel: each tile is computed, then stored straight into every rank's ``C``."""
     epoch = enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
@@ -147,7 +150,6 @@ def fused_sequential_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, s
         values = acc.to(c.dtype.element_ty)
         trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
         offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
-        wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
         scatter_tile(c, offs, mask, values, tile, trace_ptr, rank, world_size, heap_bases, 0, TRACE)
     finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
 
