@@ -129,9 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     info_p = sub.add_parser("info", help="print the backend, versions, GPUs and the links between them")
     info_p.add_argument("--json", action="store_true", help="print as JSON")
     bench_p = sub.add_parser("bench", help="run a benchmark on N ranks: " + ", ".join(BENCHMARKS),
-                             epilog="\n".join(f"{k}: {b.help}" for k, b in BENCHMARKS.items()))
+                             formatter_class=argparse.RawDescriptionHelpFormatter,
+                             epilog="benchmarks:\n" + "\n".join(f"  {k:<18}{b.help} (default -n {b.ranks})"
+                                                                for k, b in BENCHMARKS.items()))
     bench_p.add_argument("name", choices=list(BENCHMARKS))
-    bench_p.add_argument("-n", "--nproc", type=int, default=None, help="number of ranks (default: 2; device-api: 1)")
+    bench_p.add_argument("-n", "--nproc", type=int, default=None,
+                         help="number of ranks (default: the benchmark's, listed below)")
     bench_p.add_argument("args", nargs="*", help="arguments for the benchmark (see `trident bench NAME --help`)")
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCHMARKS and {"-h", "--help"} & set(argv[2:]):
