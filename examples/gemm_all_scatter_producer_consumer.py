@@ -97,12 +97,13 @@ def main():
     for _ in range(2):  # twice on the same buffers: the epochs keep the flags right
         C.fill_(float("nan"))
         ctx.barrier()
+        if side is not None:  # the consumer's stream waits for earlier work, not for the producer
+            side.wait_stream(torch.cuda.current_stream())
         gemm_producer_kernel[(min(sms - comm_programs, tiles),)](
             A, B_local, block, M, n, K, A.stride(0), A.stride(1), B_local.stride(0), B_local.stride(1),
             block.stride(0), state, flags, ctx.rank, ctx.heap_bases, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
             BLOCK_K=BLOCK_K, GROUP_M=8)
-        if side is not None:  # the consumer starts with the producer, on its own stream
-            side.wait_stream(torch.cuda.current_stream())
+        if side is not None:  # the consumer runs beside the producer, on its own stream
             torch.cuda.set_stream(side)
         scatter_consumer_kernel[(min(comm_programs, tiles),)](
             block, M, n, block.stride(0), state, ready, arrived, flags, ctx.rank, w, ctx.heap_bases,

@@ -217,16 +217,18 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
             USE_TMA=use_tma, **common, **world, **launch)
     else:  # producer_consumer
         gemm_programs = max(1, min(tiles, programs - comm if programs > comm else 1))
-        kernels.producer_kernel[(gemm_programs,)](*gemm_args, sync.state, flags, trace_ptr, BLOCK_K=cfg.BLOCK_K,
-                                            USE_TMA=use_tma, **common, **launch)
         side = sync.side_stream
-        if side is not None:  # the scatter runs beside the GEMM; the simulator runs it after
+        if side is not None:
+            # The scatter stream waits for what came before this call, not for the GEMM launched
+            # next: the two kernels then run side by side (the simulator runs them one after another).
             side.wait_stream(torch.cuda.current_stream(ctx.device))
+        kernels.producer_kernel[(gemm_programs,)](*gemm_args, sync.state, flags, trace_ptr, BLOCK_K=cfg.BLOCK_K,
+                                                  USE_TMA=use_tma, **common, **launch)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             kernels.scatter_kernel[(min(comm, tiles),)](
                 block, M, n_local, block.stride(0), sync.state, sync.ready, sync.arrived, flags, trace_ptr,
                 WAIT_FLAGS=True, **common, **world, num_warps=cfg.num_warps)
         if side is not None:
-            torch.cuda.current_stream(ctx.device).wait_stream(side)
+            torch.cuda.current_stream(ctx.device).wait_stream(side)  # (the scatter touches heap memory only)
     return C
 
