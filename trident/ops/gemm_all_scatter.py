@@ -19,6 +19,7 @@ computes its column block ``C[:, r*N/W:(r+1)*N/W] = A @ B_local`` and stores it 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import torch.distributed as dist
@@ -140,6 +141,9 @@ def choose_pattern(ctx, M: int, N: int, K: int) -> str:
 
 
 def _baseline(ctx, A, B_local, C) -> None:
+    # Never NVLink multicast (NVLS): it can take a shared host's GPUs out of service. NCCL reads this
+    # when it creates its communicator, i.e. at the first NCCL collective (unless the user chose).
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     local = torch.matmul(A, B_local)
     gathered = torch.empty((ctx.world_size * local.shape[0], local.shape[1]), dtype=local.dtype, device=local.device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
