@@ -400,6 +400,15 @@ def test_trident_run_reports_the_failing_rank(tmp_path):
     assert {pid: _heap_files(pid) for pid in pids} == {pid: [] for pid in pids}
 
 
+def test_plain_python_with_triton_imported_first():
+    """``python script.py`` (a world of one) with ``import triton`` above ``import trident``, as users write it."""
+    env = {k: v for k, v in _env().items() if k != "TRITON_INTERPRET"}  # this process set it: trident is imported
+    proc = subprocess.run([sys.executable, "examples/demo.py"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0/1" in proc.stdout and "matches torch" in proc.stdout
+
+
 def test_torchrun_example():
     proc = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                  "examples/load_store.py"])

@@ -12,6 +12,10 @@
 3. Casts between bf16 and anything but fp32 (``x.to(tl.bfloat16)`` of an int, a Python scalar
    given to a bf16 atomic) reinterpret the number as raw bf16 bits, and fp32 to bf16 truncates
    where GPUs round to nearest even; the simulator goes through fp32 and rounds to nearest even.
+4. ``import triton`` before ``import trident`` leaves Triton's own ``@jit`` helpers (``tl.min``,
+   ``tl.cdiv``, ...) compiled-mode functions, since ``TRITON_INTERPRET`` was not yet set; called
+   from a kernel the simulator runs, they would raise "Cannot call @triton.jit'd outside of the
+   scope of a kernel". The simulator runs them as the interpreter runs its own functions.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ def apply() -> None:
     _applied = True
     from triton.runtime import interpreter
 
+    _run_compiled_mode_functions_interpreted(interpreter)
     try:
         _install_atomic_fallbacks(interpreter)
         needed = _needs_index_fix()
@@ -60,6 +65,19 @@ def apply() -> None:
         scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).item()))
 
     interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+def _run_compiled_mode_functions_interpreted(interpreter) -> None:
+    from triton.runtime.jit import JITFunction
+
+    interpreted = {}
+
+    def call(self, *args, **kwargs):
+        if self.fn not in interpreted:
+            interpreted[self.fn] = interpreter.InterpretedFunction(self.fn)
+        return interpreted[self.fn](*args, **kwargs)
+
+    JITFunction.__call__ = call
 
 
 def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
