@@ -104,4 +104,8 @@ for M, N, K in ((4096, 4096, 4096), (8192, 3584, 14336)):
 ctx.close()
 PY
   timeout ${DIAG_LIMIT:-150} python3 /tmp/gas_diag.py 2>&1 | grep -v Warning | tee "$OUT/diag.log"
+  # Per-tile timelines at one rank: do the GEMM programs run side by side while others wait?
+  timeout 120 python3 -m trident bench gemm-all-scatter -n 1 --no-progress --trace --shapes 4096x4096x4096 \
+    --patterns producer_consumer,workgroup_specialized,fused_sequential --out /tmp/tl 2>&1 | tail -6
+  cp /tmp/tl/timeline_*.png /tmp/tl/gemm_all_scatter.json "$OUT/" 2>/dev/null
 fi

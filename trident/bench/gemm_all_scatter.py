@@ -14,6 +14,7 @@ is the cost of the communication machinery itself. Ranks sharing a GPU check cor
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -36,6 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--patterns", default=",".join(p for p in PATTERNS), help="comma-separated")
     parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--comm-programs", type=int, default=None, help="communication programs (pc, ws)")
+    parser.add_argument("--trace", action="store_true",
+                        help="also record one call of each pattern per shape: Perfetto JSON + PNG timeline")
     harness.add_common_args(parser, "gemm_all_scatter", warmup=3, repeats=10)
     return parser.parse_args(argv)
 
@@ -89,12 +92,32 @@ def _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline, config) -> l
                 raise RuntimeError(f"rank {ctx.rank}: {name} on {M}x{N}x{K}: relative error {err:.3g}")
             ctx.barrier()
         times[name] = harness.max_over_ranks(ctx, harness.time_ms(ctx, fn, args.warmup, args.repeats))
+        if args.trace and name not in ("gemm", "baseline", "auto"):
+            _timeline(ctx, args, A, B_local, C, name, f"{M}x{N}x{K}", config)
     ctx.free(C)
     return [{"shape": f"{M}x{N}x{K}", "pattern": name, "time_ms": ms, "tflops": 2.0 * M * N * K / ms / 1e9,
              "vs_gemm": ms / times["gemm"], "speedup": times["baseline"] / ms if "baseline" in times else None,
              "gemm_ms": times["gemm"], "exposed_comm_ms": max(ms - times["gemm"], 0.0),
              "chosen": trident.ops.choose_pattern(ctx, M, N, K) if name == "auto" else None}
             for name, ms in times.items()]
+
+
+def _timeline(ctx, args, A, B_local, C, pattern, shape, config) -> None:
+    """One traced call (collective): every rank's per-tile compute/comm/wait events, written by rank 0."""
+    import trident.trace
+
+    trace = trident.trace.Trace(ctx, capacity=1 << 16)
+    ctx.barrier()
+    trident.ops.gemm_all_scatter(ctx, A, B_local, C, pattern=pattern, config=config,
+                                 comm_programs=args.comm_programs, trace=trace)
+    ctx.barrier()
+    trace.gather()
+    if ctx.rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        base = os.path.join(args.out, f"timeline_{pattern}_{shape}")
+        trace.to_chrome(base + ".json", title=f"{pattern} {shape}")
+        trace.plot(base + ".png", title=f"{pattern} {shape}, {ctx.world_size} rank(s)")
+    ctx.free(trace.tensor)
 
 
 def _breakdown(record: dict, path: str) -> str | None:
