@@ -130,13 +130,23 @@ def choose_pattern(ctx, M: int, N: int, K: int) -> str:
     """
     if _shares_gpus(ctx):
         return "fused_sequential"
-    if ctx.device.type == "cuda":
-        name = torch.cuda.get_device_name(ctx.device)
-        for (gpu, world), rules in AUTO_TABLE.items():
-            if world == ctx.world_size and gpu in name:
-                for threshold, pattern in rules:
-                    if M * N * K >= threshold:
-                        return pattern
+    if ctx.device.type != "cuda":
+        return "baseline"
+    return table_choice(torch.cuda.get_device_name(ctx.device), ctx.world_size, M * N * K)
+
+
+def table_choice(gpu_name: str, world_size: int, mnk: int, table: dict | None = None) -> str:
+    """The pattern ``table`` (default :data:`AUTO_TABLE`) gives a GPU model, world size and M*N*K.
+
+    Example::
+
+        table_choice("NVIDIA H200", 8, 8192 * 4608 * 36864, {("H200", 8): [(1 << 36, "fused_sequential")]})
+    """
+    for (gpu, world), rules in (AUTO_TABLE if table is None else table).items():
+        if world == world_size and gpu in gpu_name:
+            for threshold, pattern in rules:
+                if mnk >= threshold:
+                    return pattern
     return "baseline"
 
 
@@ -215,6 +225,9 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
             *gemm_args, sync.state, sync.ready, sync.arrived, trace_ptr, BLOCK_K=cfg.BLOCK_K, USE_TMA=use_tma,
             **common, **world, **launch)
     elif pattern == "workgroup_specialized":
+        # Communication programs wait for GEMM programs of the same launch: all must be resident
+        # at once, so at most one program per SM on a GPU.
+        programs = min(programs, sms) if ctx.device.type == "cuda" else programs
         gemm_programs = max(1, min(tiles, programs - comm if programs > comm else 1))
         kernels.workgroup_specialized_kernel[(gemm_programs + comm,)](
             *gemm_args, gemm_programs, sync.state, sync.ready, sync.arrived, flags, trace_ptr, BLOCK_K=cfg.BLOCK_K,
