@@ -95,6 +95,7 @@ def bench_shape(M, N, K, dtype, device, configs, warmup, repeats) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    """``trident bench gemm``: parse ``argv``, run, write the results (rank 0); returns the exit code."""
     parser = argparse.ArgumentParser(prog="trident bench gemm", description=__doc__)
     parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--shapes", default=None, help="MxNxK,MxNxK,... (default: the paper's shapes)")

@@ -158,6 +158,7 @@ def report(record: dict, out: str) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """``trident bench gemm-all-scatter``: parse ``argv``, run, write the results (rank 0); returns the exit code."""
     args = parse_args(argv)
     if trident.config.BACKEND == "sim":
         args.repeats, args.warmup = 2, 1

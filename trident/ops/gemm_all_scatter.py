@@ -56,6 +56,7 @@ class _SyncState:
         ctx.barrier()  # peers signal into ready/arrived: they must be zeroed everywhere first
 
     def tile_flags(self, tiles: int) -> torch.Tensor:
+        """At least ``tiles`` per-tile flags (local to this rank; grown collectively, never reset)."""
         if self.flags.numel() < tiles:  # new flags start at 0, below any epoch: no reset needed
             self.ctx.free(self.flags)
             self.flags = self.ctx.zeros(triton.next_power_of_2(tiles), dtype=torch.int64)
