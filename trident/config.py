@@ -59,3 +59,8 @@ elif _env_flag("TRITON_INTERPRET"):
         "TRIDENT_BACKEND=cuda but TRITON_INTERPRET=1: the cuda backend compiles kernels for the GPU; "
         "unset TRITON_INTERPRET, or use TRIDENT_BACKEND=sim for the CPU simulator"
     )
+
+# NVLink multicast (NVLS) can take a shared host's GPUs out of service; trident never uses it, and
+# NCCL groups that trident's processes create (for the baselines, or by the user) keep it off too.
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")

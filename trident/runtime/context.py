@@ -179,6 +179,7 @@ class Context(SymmetricHeapMixin):
             return
         try:
             self.barrier()  # no peer may still be reading or writing my heap
+            self._rendezvous.farewell()
         finally:
             self._release()
 

@@ -139,6 +139,21 @@ class Rendezvous:
             self.store.delete_key(f"{self._seq - 1}/{self.rank}")
         return values
 
+    def farewell(self, timeout: float = 10.0) -> None:
+        """The last store access of a context: rank 0, which hosts the store, waits (at most
+        ``timeout`` s) until every other rank has made its last one, so that none of them finds
+        the store gone while it still reads from it."""
+        self._seq += 1
+        if self.rank != 0:
+            self.store.set(f"{self._seq}/bye/{self.rank}", b"")
+            return
+        keys = [f"{self._seq}/bye/{r}" for r in range(1, self.world_size)]
+        deadline = time.monotonic() + timeout
+        while keys and time.monotonic() < deadline and not self.store.check(keys):
+            if self.peers_gone():
+                return  # a lost rank will not say goodbye
+            time.sleep(0.005)
+
     def _wait(self, what: str, keys: list[str]) -> None:
         """Poll until every key exists; a peer the watchdog saw go ends the wait at once.
 
