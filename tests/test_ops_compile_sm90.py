@@ -1,8 +1,8 @@
 """The trident.ops kernels compile for sm_90 (CI has no GPU; the simulator never compiles them).
 
 Built in a child process with ``TRIDENT_BACKEND=cuda``: the matmul with descriptors (TMA) and with
-pointers, and every pattern kernel, once with tracing on. The descriptor build must use Hopper's
-bulk tensor copies and wgmma.
+pointers, with and without split-K, and every pattern kernel, once with tracing on. The descriptor
+builds must use Hopper's bulk tensor copies and wgmma.
 """
 
 import json
@@ -47,8 +47,10 @@ def case(name, fn, sig, cst):
         results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-1500:]}
 
 for tma in (True, False):
-    case(f"matmul tma={tma}", matmul_kernel, {**ab(tma), **SIZES, "stride_cn": "i32"},
-         dict(TILE, BLOCK_K=BK, USE_TMA=tma, C_TMA=False, SUBTILE=False, FLATTEN=tma))
+    for split in (1, 3):
+        case(f"matmul tma={tma} split_k={split}", matmul_kernel,
+             {**ab(tma), **SIZES, "stride_cn": "i32", "part_ptr": "*fp32", "count_ptr": "*i32"},
+             dict(TILE, BLOCK_K=BK, USE_TMA=tma, C_TMA=False, SUBTILE=False, FLATTEN=tma, SPLIT_K=split))
     gemm = {**ab(tma), **SIZES}
     case(f"fused_sequential tma={tma}", G.fused_sequential_kernel, {**gemm, **SYNC},
          dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8, TRACE=not tma))
@@ -74,7 +76,7 @@ def test_ops_kernels_compile_for_sm90_with_tma_and_wgmma(tmp_path):
     proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 8
+    assert len(results) == 10
     failed = {k: v["error"] for k, v in results.items() if not v["ok"]}
     assert not failed, failed
     for name, r in results.items():

@@ -15,6 +15,10 @@ CASES = [
     (96, 40, 17, MatmulConfig(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=2, tma=False)),
     (48, 80, 32, MatmulConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=2,
                               c_tma=True, subtile=True, programs=3)),
+    # split-K: 7 K blocks in 3 parts (the last one shorter), and in 2 parts on the descriptor path
+    (40, 24, 104, MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1, split_k=3,
+                               tma=False)),
+    (32, 48, 64, MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, num_warps=4, num_stages=1, split_k=2)),
 ]
 TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 5e-3}  # fp32 runs as TF32 on GPUs
 

@@ -37,6 +37,9 @@ SWEEP = [
     C(128, 128, 64, 8, 8, 4, flatten=True), C(128, 128, 128, 8, 8, 3),
     C(128, 64, 64, 8, 4, 5), C(128, 64, 128, 8, 4, 4), C(64, 128, 64, 8, 4, 5),
     C(128, 128, 64, 16, 8, 4), C(128, 256, 64, 16, 8, 3),
+    # split-K, for the narrow shards (more work items than tiles; not in the table until measured)
+    C(128, 128, 64, 8, 4, 4, split_k=2), C(128, 128, 64, 8, 8, 4, split_k=2), C(128, 128, 64, 8, 4, 4, split_k=3),
+    C(128, 256, 64, 8, 8, 3, split_k=2), C(128, 256, 64, 8, 8, 3, split_k=3),
 ]
 
 

@@ -18,7 +18,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import config as _config
 from ..backends import interpreter_fixups
-from .tiles import tile_coords, tile_dot, tile_offsets
+from .tiles import tile_coords, tile_dot, tile_dot_range, tile_offsets
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -30,6 +30,9 @@ class MatmulConfig:
     ``programs`` is the persistent grid (None: one per SM on a GPU, a few in the simulator).
     ``tma`` None reads A and B through descriptors whenever their layout allows, False never;
     ``c_tma`` stores C through one too (when A, B and C allow), ``subtile`` in two halves.
+    ``split_k`` > 1 cuts each tile's K range into that many work items, so a grid with few tiles
+    (narrow N: the per-rank shards) still fills every SM; their fp32 parts are added in a
+    workspace and the last part of a tile to finish writes it.
     """
 
     BLOCK_M: int = 128
@@ -43,6 +46,7 @@ class MatmulConfig:
     c_tma: bool = False
     subtile: bool = False
     flatten: bool = False
+    split_k: int = 1
 
 
 #: The simulator: small tiles, since every program runs in Python.
@@ -89,31 +93,68 @@ def pick_config(M: int, N: int, K: int, dtype: torch.dtype, backend: str | None 
 
 
 @triton.jit
-def matmul_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                  USE_TMA: tl.constexpr, C_TMA: tl.constexpr, SUBTILE: tl.constexpr, FLATTEN: tl.constexpr):
+def matmul_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, part_ptr,
+                  count_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, C_TMA: tl.constexpr, SUBTILE: tl.constexpr,
+                  FLATTEN: tl.constexpr, SPLIT_K: tl.constexpr = 1):
     """``C = A @ B``, persistent: program ``pid`` computes tiles ``pid, pid + P, ...`` (P programs).
 
     With ``C_TMA`` the tile leaves through a descriptor (a bulk tensor store), in two halves along
-    N when ``SUBTILE`` (half the shared memory for the epilogue, so more stages fit).
+    N when ``SUBTILE`` (half the shared memory for the epilogue, so more stages fit). With
+    ``SPLIT_K > 1`` see :func:`_split_k_tiles`.
     """
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0), flatten=FLATTEN):
-        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                       BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
-        if C_TMA:
-            if SUBTILE:
-                halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-                left, right = tl.split(halves)
-                c.store([pid_m * BLOCK_M, pid_n * BLOCK_N], left.to(c.dtype))
-                c.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], right.to(c.dtype))
+    if SPLIT_K > 1:
+        _split_k_tiles(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, part_ptr,
+                       count_ptr, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, SPLIT_K)
+    else:
+        for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0), flatten=FLATTEN):
+            pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+            acc = tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                           BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+            if C_TMA:
+                if SUBTILE:
+                    halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+                    left, right = tl.split(halves)
+                    c.store([pid_m * BLOCK_M, pid_n * BLOCK_N], left.to(c.dtype))
+                    c.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], right.to(c.dtype))
+                else:
+                    c.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c.dtype))
             else:
-                c.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c.dtype))
-        else:
-            offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-            tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
+                offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+                tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _split_k_tiles(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, part_ptr,
+                   count_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Work item ``w`` is part ``w % SPLIT_K`` of the K range of tile ``w // SPLIT_K``.
+
+    Each part adds its fp32 result into ``part_ptr`` (an M x N fp32 workspace, zero at the start),
+    then counts itself in ``count_ptr[tile]`` (acq_rel): the part that counts last holds every
+    part's sum, reads it and stores the tile into C. Nothing waits, so the simulator's one-after-
+    another programs are fine.
+    """
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_part = tl.cdiv(k_tiles, SPLIT_K)
+    for work in tl.range(tl.program_id(0), num_pid_m * num_pid_n * SPLIT_K, tl.num_programs(0)):
+        tile = work // SPLIT_K
+        k_first = (work % SPLIT_K) * per_part
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = tile_dot_range(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, k_first,
+                             tl.minimum(k_first + per_part, k_tiles), BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+        part_offs, mask = tile_offsets(pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
+        tl.atomic_add(part_ptr + part_offs, acc, mask=mask, sem="relaxed", scope="gpu")
+        tl.debug_barrier()  # every thread's adds before the count's release
+        if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+            tl.debug_barrier()  # the acquire (one thread) before every thread's read
+            total = tl.load(part_ptr + part_offs, mask=mask, cache_modifier=".cg")
+            offs, _ = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+            tl.store(c + offs, total.to(c.dtype.element_ty), mask=mask)
 
 
 def tma_ok(t: torch.Tensor) -> bool:
@@ -168,13 +209,19 @@ def launch_matmul(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: Matmul
     if not A.is_cuda:  # the simulator's interpreter fix-ups (loops over runtime sizes), also without a context
         interpreter_fixups.apply()
     a, b, use_tma = operands(A, B, cfg)
-    c_tma = use_tma and cfg.c_tma and tma_ok(C)
+    c_tma = use_tma and cfg.c_tma and cfg.split_k == 1 and tma_ok(C)
     c = TensorDescriptor.from_tensor(C, [cfg.BLOCK_M, cfg.BLOCK_N // (2 if cfg.subtile else 1)]) if c_tma else C
     tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
-    grid = (num_programs(A.device, tiles, cfg),)
+    split = max(1, min(cfg.split_k, triton.cdiv(K, cfg.BLOCK_K)))
+    if split > 1:  # per call, on the stream: fp32 parts and per-tile counts start at zero
+        part = torch.zeros(M, N, dtype=torch.float32, device=A.device)
+        count = torch.zeros(tiles, dtype=torch.int32, device=A.device)
+    else:
+        part = count = C  # unused
+    grid = (num_programs(A.device, tiles * split, cfg),)
     matmul_kernel[grid](a, b, c, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0),
-                        C.stride(1), BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-                        GROUP_M=cfg.GROUP_M, USE_TMA=use_tma, C_TMA=c_tma,
+                        C.stride(1), part, count, SPLIT_K=split, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                        BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, USE_TMA=use_tma, C_TMA=c_tma,
                         SUBTILE=cfg.subtile, FLATTEN=cfg.flatten,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 

@@ -72,12 +72,24 @@ def tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, strid
 
         acc = tile_dot(a, b, pid_m, pid_n, M, N, K, K, 1, N, 1, 128, 128, 64, True)
     """
+    return tile_dot_range(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, 0,
+                          tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+
+
+@triton.jit
+def tile_dot_range(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, k_first, k_last,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr):
+    """Like :func:`tile_dot`, over the K blocks ``k_first .. k_last - 1`` only (a split-K part).
+
+    Example::
+
+        part = tile_dot_range(a, b, pid_m, pid_n, M, N, K, K, 1, N, 1, 0, 8, 128, 128, 64, True)
+    """
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
-    k_tiles = tl.cdiv(K, BLOCK_K)
     if USE_TMA:
-        for ki in range(k_tiles):
+        for ki in range(k_first, k_last):
             x = a.load([off_m, ki * BLOCK_K])
             y = b.load([ki * BLOCK_K, off_n])
             acc = _dot(x, y, acc)
@@ -87,9 +99,9 @@ def tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, strid
         rm = (off_m + tl.arange(0, BLOCK_M)) % M
         rn = (off_n + tl.arange(0, BLOCK_N)) % N
         rk = tl.arange(0, BLOCK_K)
-        a_ptrs = a + rm.to(tl.int64)[:, None] * stride_am + rk[None, :] * stride_ak
-        b_ptrs = b + rk.to(tl.int64)[:, None] * stride_bk + rn[None, :] * stride_bn
-        for ki in range(k_tiles):
+        a_ptrs = a + rm.to(tl.int64)[:, None] * stride_am + (k_first * BLOCK_K + rk)[None, :] * stride_ak
+        b_ptrs = b + (k_first * BLOCK_K + rk).to(tl.int64)[:, None] * stride_bk + rn[None, :] * stride_bn
+        for ki in range(k_first, k_last):
             k_left = K - ki * BLOCK_K
             x = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
             y = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
