@@ -180,7 +180,9 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
 
     Returns:
         ``C``. Ordered on the current stream: work queued after the call sees the complete ``C``.
-        No host synchronization inside; per-call epochs on the device keep repeated calls correct.
+        No host synchronization inside (except once: the first call on a context allocates the
+        patterns' flags on the heap, collectively, and runs ``ctx.barrier()``); per-call epochs on
+        the device keep repeated calls correct.
 
     Example::
 
