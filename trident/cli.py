@@ -120,6 +120,7 @@ BENCHMARKS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``trident`` command (and ``python -m trident``); returns the exit code."""
     parser = argparse.ArgumentParser(prog="trident", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="run a script once per rank (like torchrun --standalone)")

@@ -71,6 +71,7 @@ def _tile(tile, limit, BLOCK: tl.constexpr):
 @triton.jit
 def all_gather_kernel(inp_ptr, out_ptr, n, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases,
                       BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+    """Every rank reads every peer's ``n`` input elements into its slot of ``out``."""
     epoch, shift = _enter(inp_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS,
                           WORLD_BLOCK)
     for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
@@ -86,6 +87,7 @@ def all_gather_kernel(inp_ptr, out_ptr, n, args_ptr, flags_ptr, counts_ptr, rank
 def reduce_scatter_kernel(inp_ptr, out_ptr, m, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases,
                           OP: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
                           WORLD_BLOCK: tl.constexpr):
+    """Rank r reduces chunk r (``m`` elements) of every rank's input into ``out``."""
     epoch, shift = _enter(inp_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS,
                           WORLD_BLOCK)
     for tile in range(tl.program_id(0), tl.cdiv(m, BLOCK), tl.num_programs(0)):
@@ -116,6 +118,7 @@ def all_to_all_kernel(inp_ptr, out_ptr, table_ptr, inner, args_ptr, flags_ptr, c
 @triton.jit
 def broadcast_kernel(x_ptr, n, src, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases,
                      BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+    """Every rank but ``src`` reads ``src``'s ``x`` into its own."""
     epoch, shift = _enter(x_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS,
                           WORLD_BLOCK)
     if rank != src:

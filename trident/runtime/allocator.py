@@ -57,14 +57,17 @@ class SymmetricAllocator:
     # -- queries -------------------------------------------------------------------------
     @property
     def allocated_bytes(self) -> int:
+        """Bytes in live blocks."""
         return sum(b.size for b in self._used.values())
 
     @property
     def free_bytes(self) -> int:
+        """Bytes in free ranges (not necessarily contiguous)."""
         return sum(size for _, size in self._free)
 
     @property
     def largest_free_block(self) -> int:
+        """Size of the largest free range: the biggest allocation that can succeed now."""
         return max((size for _, size in self._free), default=0)
 
     @property
@@ -73,6 +76,7 @@ class SymmetricAllocator:
         return self._digest.hexdigest()[:16]
 
     def block_at(self, offset: int) -> Block | None:
+        """The live block that starts at ``offset``, if any."""
         return self._used.get(offset)
 
     def block_containing(self, offset: int) -> Block | None:
@@ -86,6 +90,7 @@ class SymmetricAllocator:
         return None
 
     def live_blocks(self) -> list[Block]:
+        """Every live block, by offset."""
         return [self._used[o] for o in sorted(self._used)]
 
     # -- updates -------------------------------------------------------------------------

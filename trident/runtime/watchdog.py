@@ -84,9 +84,11 @@ class RankWatchdog:
             return dict(self._gone)
 
     def start(self) -> None:
+        """Start watching (a daemon thread)."""
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop watching; waits briefly for the thread to end."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5 * self.interval + 1)
