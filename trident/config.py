@@ -64,3 +64,4 @@ elif _env_flag("TRITON_INTERPRET"):
 # NCCL groups that trident's processes create (for the baselines, or by the user) keep it off too.
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
