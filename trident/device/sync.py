@@ -105,25 +105,6 @@ def _poll(ptr, mask, sem: tl.constexpr, scope: tl.constexpr):
 
 
 @triton.jit
-def _watch(ptr, value, mask, cmp: tl.constexpr, sem: tl.constexpr, scope: tl.constexpr):
-    """One poll of the spin loop. A single flag: the ordered read itself (an acquire load on
-    GPUs). A block of flags, whose ordered reads Triton keeps as read-modify-writes: relaxed
-    (volatile) loads, and the ordered reads only once every lane looks met, so spinning programs
-    do not hammer the flags that peers are trying to write."""
-    IS_BLOCK: tl.constexpr = len(ptr.shape) > 0
-    if IS_BLOCK:
-        if mask is None:
-            seen = tl.load(ptr, volatile=True)
-        else:
-            seen = tl.load(ptr, mask=mask, other=0, volatile=True)
-        if _all(_meets(seen, value, cmp), mask):
-            seen = _poll(ptr, mask, sem, scope)
-    else:
-        seen = _poll(ptr, mask, sem, scope)
-    return seen
-
-
-@triton.jit
 def _lowest(x):
     IS_BLOCK: tl.constexpr = len(x.shape) > 0
     if IS_BLOCK:
@@ -137,11 +118,10 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
     """Spin until ``peer``'s copy of the flag(s) compares ``cmp`` to ``value``; returns what was seen.
 
     Usually ``peer == rank``: a rank waits on its own flag, which peers ``signal``. For a block of
-    flags it waits until every lane (under ``mask``) is satisfied. Flags are integers. The read
-    that ends the wait is ``sem``-ordered (acquire by default; a block's lanes are polled with
-    relaxed loads until they all look met, then read ordered), and a CTA barrier at the end
-    extends that order to the whole program: after ``wait`` returns, every thread sees what the
-    signaller stored before its release.
+    flags it waits until every lane (under ``mask``) is satisfied. Flags are integers. Every poll
+    is a ``sem``-ordered read (acquire by default), and a CTA barrier at the end extends that
+    order to the whole program: after ``wait`` returns, every thread sees what the signaller
+    stored before its release.
 
     Gives up after ``ctx.wait_timeout`` seconds or when the host calls ``ctx.abort()``: the
     fault is recorded for the host to raise (the simulator raises at once) and the wait returns.
@@ -165,7 +145,7 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
         polls = 0
         while (done == 0) & (gave_up == 0):
             backoff()
-            seen = _watch(remote, value, mask, cmp, sem, scope)
+            seen = _poll(remote, mask, sem, scope)
             done = _all(_meets(seen, value, cmp), mask)
             aborted = tl.load(abort_word, mask=polls % _ABORT_EVERY == 0, other=0, volatile=True) != 0
             polls += 1
