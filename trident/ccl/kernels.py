@@ -140,11 +140,10 @@ def all_reduce_one_shot_kernel(x_ptr, scratch_ptr, n, args_ptr, flags_ptr, count
         offs, mask = _tile(tile, n, BLOCK)
         total = reduce_tile(x_ptr + offs, rank, world_size, heap_bases, mask, OP, ACC, shift)
         tl.store(scratch_ptr + offs, total, mask=mask)
-    _sync(flags_ptr, 2, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    _exit(epoch, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
     for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, n, BLOCK)
         tl.store(x_ptr + offs, tl.load(scratch_ptr + offs, mask=mask), mask=mask)
-    tl.store(counts_ptr + tl.program_id(0), epoch)
 
 
 @triton.jit

@@ -322,7 +322,7 @@ class Context(SymmetricHeapMixin):
         Ranks often go together (the first one dies, the others then fail and exit), so the reason
         lists all of them, the newly lost ``rank`` included, in rank order."""
         if not self._closed:
-            gone = {**self._watchdog.gone, rank: why}
+            gone = self._watchdog.gone  # the watchdog records ``rank`` before it calls this
             self._control.set_abort(True, "; ".join(f"rank {r} is gone: {w}" for r, w in sorted(gone.items())))
 
     @property
