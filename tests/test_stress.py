@@ -183,15 +183,10 @@ def test_a_world_of_one_rank_works():
 COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
 
 
-def _inputs_of(step, rank, numel, dtype):
-    """Small integers (exact in every dtype and every sum over 4 ranks), different per call and rank."""
-    g = torch.Generator().manual_seed(step * 7919 + rank)
-    return torch.randint(-20, 20, (numel,), generator=g).to(dtype)
-
-
 def _random_collectives_body(ctx, count, seed):
     """The same seeded sequence of collectives on every rank (random kind, size, dtype, op, algorithm,
     source, placement), each checked against a reference every rank computes for itself."""
+    from tests.test_ccl import _data, _reduce
     from trident import ccl
 
     rng, w, me, wrong = random.Random(seed), ctx.world_size, ctx.rank, []
@@ -201,19 +196,17 @@ def _random_collectives_body(ctx, count, seed):
         chunk = rng.choice([1, 3, 64, 1000, 4999])
         on_heap = rng.random() < 0.5 if me % 2 else rng.random() < 0.7  # ranks decide placement differently
         n = chunk * (w if kind in ("reduce_scatter", "all_to_all") else 1)
-        inputs = [_inputs_of(step, r, n, dtype) for r in range(w)]
+        inputs = [_data(r, (n,), dtype, salt=step) for r in range(w)]
         x = heap_buffers[dtype][:n].copy_(inputs[me]) if on_heap else inputs[me].to(ctx.device).clone()
         if kind == "all_reduce":
             op, algorithm = rng.choice(["sum", "max", "min"]), rng.choice(["one_shot", "two_shot", "auto"])
-            got = ccl.all_reduce(ctx, x, op=op, algorithm=algorithm)
-            stacked = torch.stack(inputs)
-            want = {"sum": stacked.sum(0), "max": stacked.max(0).values, "min": stacked.min(0).values}[op].to(dtype)
+            got, want = ccl.all_reduce(ctx, x, op=op, algorithm=algorithm), _reduce(inputs, op)
         elif kind == "all_gather":
             got = ccl.all_gather(ctx, torch.empty(w * n, dtype=dtype, device=ctx.device), x)
             want = torch.cat(inputs)
         elif kind == "reduce_scatter":
             got = ccl.reduce_scatter(ctx, torch.empty(chunk, dtype=dtype, device=ctx.device), x)
-            want = torch.stack(inputs).sum(0).to(dtype)[me * chunk:(me + 1) * chunk]
+            want = _reduce(inputs, "sum")[me * chunk:(me + 1) * chunk]
         elif kind == "all_to_all":
             got = ccl.all_to_all(ctx, torch.empty(n, dtype=dtype, device=ctx.device), x)
             want = torch.cat([t[me * chunk:(me + 1) * chunk] for t in inputs])
