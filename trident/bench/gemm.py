@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
-import time
 
 import torch
 
@@ -43,28 +41,6 @@ SWEEP = [
 ]
 
 
-def _time_ms(fn, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        fn()
-    if not torch.cuda.is_available():
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(samples)
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
-
-
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
 
@@ -76,7 +52,7 @@ def bench_shape(M, N, K, dtype, device, configs, warmup, repeats) -> list[dict]:
     B = torch.randn(K, N, device=device, dtype=dtype, generator=gen)
     flops = 2.0 * M * N * K
     want = torch.matmul(A, B)
-    ms = _time_ms(lambda: torch.matmul(A, B), warmup, repeats)
+    ms = harness.time_on(A.device, lambda: torch.matmul(A, B), warmup, repeats)
     rows = [{"shape": [M, N, K], "impl": "torch.matmul", "ms": ms, "tflops": flops / ms / 1e9}]
     out = torch.empty(M, N, device=device, dtype=dtype)
     for cfg in configs:
@@ -88,7 +64,8 @@ def bench_shape(M, N, K, dtype, device, configs, warmup, repeats) -> list[dict]:
             row["rel_err_vs_torch"] = err
             if not err < 2e-2:
                 raise RuntimeError(f"wrong result: relative error {err:.3g} against torch.matmul")
-            row["ms"] = _time_ms(lambda cfg=cfg: matmul(A, B, out=out, config=cfg), warmup, repeats)
+            row["ms"] = harness.time_on(A.device, lambda cfg=cfg: matmul(A, B, out=out, config=cfg),
+                                         warmup, repeats)
             row["tflops"] = flops / row["ms"] / 1e9
             row["vs_torch"] = ms / row["ms"]
         except Exception as exc:  # a config that does not fit (shared memory) or fails: recorded, not fatal

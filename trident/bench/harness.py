@@ -67,12 +67,22 @@ def time_ms(ctx, fn, warmup: int, repeats: int) -> float:
 
         ms = time_ms(ctx, lambda: kernel[grid](x, y, n), warmup=3, repeats=10)
     """
+    return time_on(ctx.device if ctx.backend == "cuda" else "cpu", fn, warmup, repeats)
+
+
+def time_on(device: torch.device, fn, warmup: int, repeats: int) -> float:
+    """:func:`time_ms` without a context: CUDA events when ``device`` is a GPU, else the host clock.
+
+    Example::
+
+        ms = time_on(A.device, lambda: torch.matmul(A, B), warmup=3, repeats=10)
+    """
     for _ in range(warmup):
         fn()
     samples = []
-    cuda = ctx.backend == "cuda"
+    cuda = torch.device(device).type == "cuda"
     if cuda:
-        torch.cuda.synchronize(ctx.device)
+        torch.cuda.synchronize(device)
     for _ in range(max(repeats, 1)):
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
