@@ -119,7 +119,7 @@ def shares_gpus(ctx) -> bool:
 
 
 def metadata(ctx, argv=None) -> dict:
-    """The run's environment: date, command line, backend, world size, GPUs, driver, versions.
+    """The run's environment: date, command line, backend, world size, GPUs, driver, versions (collective).
 
     Example::
 
@@ -132,8 +132,9 @@ def metadata(ctx, argv=None) -> dict:
     from .topology import driver_version
 
     gpus = gpu_count(ctx)
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     meta = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "date": ctx.broadcast(now if ctx.rank == 0 else None),  # rank 0's: every rank's record is the same
         # `trident bench` passes the user's command line; a rank's own argv is only the module's.
         "command": os.environ.get("TRIDENT_BENCH_COMMAND") or " ".join(
             shlex.quote(a) for a in (argv if argv is not None else sys.argv)),
