@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 import trident
-from trident.ops.gas_kernels import enter_call, finish_call, wait_peers_ready
+from trident.ops.call_sync import enter_call, finish_call, wait_peers_ready
 from trident.ops.tiles import tile_coords, tile_offsets
 
 

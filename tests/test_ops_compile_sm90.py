@@ -1,7 +1,8 @@
 """The trident.ops kernels compile for sm_90 (CI has no GPU; the simulator never compiles them).
 
 Built in a child process with ``TRIDENT_BACKEND=cuda``: the matmul with descriptors (TMA) and with
-pointers, with and without split-K, and every pattern kernel, once with tracing on. The descriptor
+pointers, with and without split-K, and every pattern kernel of the three collective ops, some with
+tracing on. The descriptor
 builds must use Hopper's bulk tensor copies and wgmma.
 """
 
@@ -17,7 +18,9 @@ import json
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from trident.ops import agg_kernels as AG
 from trident.ops import gas_kernels as G
+from trident.ops import grs_kernels as RS
 from trident.ops.matmul import matmul_kernel
 
 BM, BN, BK = 128, 128, 64
@@ -66,6 +69,23 @@ for wait in (True, False):
     case(f"scatter wait={wait}", G.scatter_kernel,
          {"c": "*bf16", "M": "i32", "N": "i32", "stride_cm": "i32", **SYNC, "flags_ptr": "*i64"},
          dict(TILE, WORLD_BLOCK=8, WAIT_FLAGS=wait, TRACE=wait))
+# all_gather_gemm reads A through pointers (from peers, or from what the kernel gathered).
+agg = {"a_local": "*bf16", "b": "*bf16", "c": "*bf16", "m": "i32", "N": "i32", "K": "i32", "stride_am": "i32",
+       "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32", "stride_cm": "i32"}
+case("all_gather_gemm pull tma=False", AG.pull_kernel, {**agg, **SYNC}, dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
+case("all_gather_gemm gather tma=False", AG.gather_gemm_kernel,
+     {**agg, "a_full": "*bf16", "gather_programs": "i32", **SYNC, "flags_ptr": "*i64"},
+     dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8, TRACE=True))
+for tma in (True, False):
+    grs = {"a": ab(tma)["a"], "b": ab(tma)["b"], "slots": "*bf16", "m": "i32", "N": "i32", "K": "i32",
+           "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32"}
+    case(f"gemm_reduce_scatter push tma={tma}", RS.push_kernel, {**grs, **SYNC},
+         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8))
+    case(f"gemm_reduce_scatter push_reduce tma={tma}", RS.push_reduce_kernel,
+         {**grs, "c": "*bf16", "gemm_programs": "i32", **SYNC, "flags_ptr": "*i64"},
+         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8, TRACE=tma))
+case("reduce_slots", RS.reduce_slots_kernel, {"slots": "*bf16", "c": "*bf16", "m": "i32", "N": "i32",
+     "world_size": "i32"}, {"BLOCK": 1024})
 print(json.dumps(results))
 '''
 
@@ -76,11 +96,11 @@ def test_ops_kernels_compile_for_sm90_with_tma_and_wgmma(tmp_path):
     proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 10
+    assert len(results) == 17
     failed = {k: v["error"] for k, v in results.items() if not v["ok"]}
     assert not failed, failed
     for name, r in results.items():
-        if "scatter" not in name:
+        if not name.startswith(("scatter", "reduce_slots")):  # the others hold a GEMM
             assert r["wgmma"], f"{name}: no wgmma in the PTX"
         wanted = "tma=True" in name
         assert r["tma"] == wanted, f"{name}: bulk tensor copies {'missing' if wanted else 'unexpected'}"

@@ -146,14 +146,15 @@ def test_bad_input_is_refused_before_anything_runs(pool2):
 
 
 def test_auto_takes_the_first_measured_rule_that_applies_else_baseline():
-    from trident.ops.gemm_all_scatter import AUTO_TABLE, table_choice
+    from trident.ops.common import table_choice
+    from trident.ops.gemm_all_scatter import AUTO_TABLE
 
     table = {("H200", 8): [(1 << 40, "fused_sequential"), (1 << 30, "producer_consumer")],
              ("H100", 4): [(0, "workgroup_specialized")]}
-    assert table_choice("NVIDIA H200", 8, 1 << 41, table) == "fused_sequential"
-    assert table_choice("NVIDIA H200", 8, 1 << 35, table) == "producer_consumer"
-    assert table_choice("NVIDIA H200", 8, 1 << 20, table) == "baseline"   # small: the fused paths lose
-    assert table_choice("NVIDIA H200", 4, 1 << 41, table) == "baseline"   # not measured at this size
-    assert table_choice("NVIDIA H100 80GB HBM3", 4, 1, table) == "workgroup_specialized"
+    assert table_choice(table, "NVIDIA H200", 8, 1 << 41) == "fused_sequential"
+    assert table_choice(table, "NVIDIA H200", 8, 1 << 35) == "producer_consumer"
+    assert table_choice(table, "NVIDIA H200", 8, 1 << 20) == "baseline"   # small: the fused paths lose
+    assert table_choice(table, "NVIDIA H200", 4, 1 << 41) == "baseline"   # not measured at this size
+    assert table_choice(table, "NVIDIA H100 80GB HBM3", 4, 1) == "workgroup_specialized"
     assert all(p in ("bulk_synchronous", "producer_consumer", "fused_sequential", "workgroup_specialized")
                for rules in AUTO_TABLE.values() for _, p in rules)

@@ -5,21 +5,13 @@ same place of every rank's ``C``. ``c`` below always points at the first element
 rank's* column block of ``C`` (``C[:, rank * N_local]``), so a tile's offsets are the same in
 every rank's heap and ``trident.store(c + offs, tile, rank, peer, heap_bases)`` puts it there.
 
-Synchronization, with epochs (the call's number, kept on the device; nothing is ever reset):
-
-* :func:`enter_call`: every program reads the epoch; program 0 tells every peer "I am in call
-  ``epoch``" (so peers know this rank no longer reads last call's ``C`` and may overwrite it).
-* :func:`wait_peers_ready`: before its first store into a peer, a program waits for that.
-* tile flags (``producer_consumer``, ``workgroup_specialized``): the GEMM releases
-  ``flags[tile] = epoch`` after writing a tile into the local ``C``; the communication side
-  acquires it, then reads the tile back and stores it into every peer's ``C``.
-* :func:`finish_call`: the last program of the launch to finish tells every peer "my block is
-  in your C" and waits until every peer has said the same to it; so when the kernel is done,
-  this rank's ``C`` is complete. It also advances the epoch for the next call.
-
-In the simulator a launch's programs run one after another, so a program never waits for a
-higher program id here: the communication programs of ``workgroup_specialized`` have the higher
-ids, and the program that waits at the end is the last one.
+Synchronization: the call-level handshake of :mod:`trident.ops.call_sync` (``enter_call``,
+``wait_peers_ready`` before the first store into a peer, ``finish_call``), plus tile flags in
+``producer_consumer`` and ``workgroup_specialized``: the GEMM releases ``flags[tile] = epoch``
+after writing a tile into the local ``C``; the communication side acquires it, then reads the
+tile back and stores it into every peer's ``C``. The communication programs of
+``workgroup_specialized`` have the higher ids, so in the simulator (programs one after another)
+nothing waits for a program not yet run.
 """
 
 from __future__ import annotations
@@ -29,49 +21,8 @@ import triton.language as tl
 
 from .. import trace
 from ..device import signal, store, wait
+from .call_sync import clock, enter_call, finish_call, wait_peers_ready
 from .tiles import tile_coords, tile_dot, tile_offsets
-
-
-@triton.jit
-def clock(TRACE: tl.constexpr):
-    """The device timer when tracing, else 0 (nothing is read)."""
-    t = 0
-    if TRACE:
-        t = trace.now()
-    return t
-
-
-@triton.jit
-def enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
-    """This call's epoch (1, 2, ...); program 0 also releases ``ready[rank] = epoch`` at every peer."""
-    epoch = tl.load(state_ptr) + 1
-    if tl.program_id(0) == 0:
-        peers = tl.arange(0, WORLD_BLOCK)
-        signal(ready_ptr + rank + peers * 0, epoch, rank, peers, heap_bases, mask=peers < world_size)
-    return epoch
-
-
-@triton.jit
-def wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases):
-    """Acquire: every peer has entered call ``epoch``. Called once per program, before its first
-    store into a peer. One scalar wait per peer: each poll is a plain acquire load, so many programs
-    polling the same flag do not queue up behind each other as read-modify-write atomics would."""
-    for peer in range(world_size):
-        wait(ready_ptr + peer, epoch, rank, rank, heap_bases, cmp="ge")
-
-
-@triton.jit
-def finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
-    """Called by every program at its end; the last one to get here completes the call (see module doc)."""
-    tl.debug_barrier()  # every thread's stores before the ticket's release
-    ticket = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="sys")
-    if ticket == tl.num_programs(0) - 1:
-        tl.store(state_ptr + 1, 0)  # the next launch (stream-ordered after this one) counts afresh
-        tl.store(state_ptr, epoch)
-        peers = tl.arange(0, WORLD_BLOCK)
-        is_peer = peers < world_size
-        signal(arrived_ptr + rank + peers * 0, epoch, rank, peers, heap_bases, mask=is_peer)
-        wait(arrived_ptr + peers, epoch, rank, rank, heap_bases, cmp="ge", mask=is_peer)
 
 
 @triton.jit

@@ -145,8 +145,9 @@ def _split_k_tiles(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
         tile = work // SPLIT_K
         k_first = (work % SPLIT_K) * per_part
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = tile_dot_range(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, k_first,
-                             tl.minimum(k_first + per_part, k_tiles), BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+        acc = tile_dot_range(a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, stride_am, stride_ak, stride_bk,
+                             stride_bn, k_first, tl.minimum(k_first + per_part, k_tiles), BLOCK_M, BLOCK_N, BLOCK_K,
+                             USE_TMA)
         part_offs, mask = tile_offsets(pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
         tl.atomic_add(part_ptr + part_offs, acc, mask=mask, sem="relaxed", scope="gpu")
         tl.debug_barrier()  # every thread's adds before the count's release

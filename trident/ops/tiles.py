@@ -72,22 +72,22 @@ def tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, strid
 
         acc = tile_dot(a, b, pid_m, pid_n, M, N, K, K, 1, N, 1, 128, 128, 64, True)
     """
-    return tile_dot_range(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, 0,
-                          tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+    return tile_dot_range(a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, stride_am, stride_ak, stride_bk,
+                          stride_bn, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
 
 
 @triton.jit
-def tile_dot_range(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, k_first, k_last,
+def tile_dot_range(a, b, off_m, off_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, k_first, k_last,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr):
-    """Like :func:`tile_dot`, over the K blocks ``k_first .. k_last - 1`` only (a split-K part).
+    """The ``BLOCK_M x BLOCK_N`` block of ``A @ B`` whose first row and column are ``off_m, off_n``
+    (any offsets, not only multiples of the block), over the K blocks ``k_first .. k_last - 1``
+    (all of them: ``0, tl.cdiv(K, BLOCK_K)``; fewer: a split-K part). fp32.
 
     Example::
 
-        part = tile_dot_range(a, b, pid_m, pid_n, M, N, K, K, 1, N, 1, 0, 8, 128, 128, 64, True)
+        part = tile_dot_range(a, b, pid_m * 128, pid_n * 128, M, N, K, K, 1, N, 1, 0, 8, 128, 128, 64, True)
     """
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-    off_m = pid_m * BLOCK_M
-    off_n = pid_n * BLOCK_N
     if USE_TMA:
         for ki in range(k_first, k_last):
             x = a.load([off_m, ki * BLOCK_K])
@@ -125,3 +125,28 @@ def tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M: tl.constexpr
     offs = rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
     mask = (rm < M)[:, None] & (rn < N)[None, :]
     return offs, mask
+
+
+@triton.jit
+def shard_tile(tile, rows, N, world_size, first_shard, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               GROUP_M: tl.constexpr):
+    """Where tile ``tile`` lies when an ``(world_size * rows) x N`` matrix is cut into ``world_size``
+    row shards of ``rows`` rows, each tiled on its own (so no tile straddles two shards).
+
+    Tiles ``0 .. T-1`` (T tiles per shard) are shard ``first_shard``'s, the next T shard
+    ``first_shard + 1``'s (mod ``world_size``), and so on; inside a shard, grouped order.
+
+    Returns:
+        ``(shard, pid_m, pid_n)``: the shard, and the tile's row and column (in tiles) inside it.
+
+    Example::
+
+        shard, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, 128, 128, 8)   # my shard first
+        rows_from = shard * m + pid_m * 128
+    """
+    num_pid_m = tl.cdiv(rows, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    per_shard = num_pid_m * num_pid_n
+    shard = (first_shard + tile // per_shard) % world_size
+    pid_m, pid_n = tile_coords(tile % per_shard, num_pid_m, num_pid_n, GROUP_M)
+    return shard, pid_m, pid_n

@@ -1,0 +1,222 @@
+"""trident.ops.all_gather_gemm and gemm_reduce_scatter: every pattern against torch at 2 and 4 ranks.
+
+As for gemm_all_scatter: inputs seeded the same on every rank (so every rank builds the full
+reference), C poisoned with NaN before each call, two calls on the same buffers with different
+inputs (a stale flag or slot would leave the first result or NaNs), fp16, bf16 and fp32,
+shapes ragged against the tiles (rows per rank not a multiple of BLOCK_M, so shards' tiles
+are cut short), descriptor and pointer paths.
+"""
+
+import math
+
+import pytest
+import torch
+
+from trident.ops import MatmulConfig
+
+FUSED = ("bulk_synchronous", "fused_sequential", "workgroup_specialized")
+SMALL = MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)
+# (dtype, rows per rank m, N, K, config); fp16/bf16 rows are 16-byte aligned (TMA where used).
+CASES = [
+    (torch.float16, 11, 24, 40, SMALL),
+    (torch.bfloat16, 20, 16, 24, MatmulConfig(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, num_warps=4,
+                                              num_stages=1)),
+    (torch.float32, 7, 13, 19, None),
+]
+TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 5e-3}
+
+
+def _err(got, want):
+    got = got.cpu().double()
+    return float((got - want).norm() / want.norm()) if torch.isfinite(got).all() else math.inf
+
+
+def _agg_call(ctx, pattern, dtype, m, N, K, cfg, seed, symmetric):
+    import trident
+
+    gen = torch.Generator().manual_seed(seed)
+    A = torch.randn(ctx.world_size * m, K, generator=gen).to(dtype)
+    B = torch.randn(K, N, generator=gen).to(dtype) + ctx.rank  # each rank its own B
+    mine = A[ctx.rank * m:(ctx.rank + 1) * m].to(ctx.device)
+    A_local = ctx.as_symmetric(mine) if symmetric else mine
+    C = torch.full((ctx.world_size * m, N), float("nan"), dtype=dtype, device=ctx.device)
+    trident.ops.all_gather_gemm(ctx, A_local, B.to(ctx.device), C, pattern=pattern, config=cfg)
+    return _err(C, A.double() @ B.double())
+
+
+def _grs_call(ctx, pattern, dtype, m, N, K, cfg, seed):
+    import trident
+
+    gen = torch.Generator().manual_seed(seed)
+    w = ctx.world_size
+    A = torch.randn(w * m, w * K, generator=gen).to(dtype)  # the whole A and B; rank r has K-shard r
+    B = torch.randn(w * K, N, generator=gen).to(dtype)
+    ks = slice(ctx.rank * K, (ctx.rank + 1) * K)
+    C = torch.full((m, N), float("nan"), dtype=dtype, device=ctx.device)
+    trident.ops.gemm_reduce_scatter(ctx, A[:, ks].contiguous().to(ctx.device), B[ks].contiguous().to(ctx.device),
+                                    C, pattern=pattern, config=cfg)
+    want = (A.double() @ B.double())[ctx.rank * m:(ctx.rank + 1) * m]
+    return _err(C, want)
+
+
+def _body(ctx, op, patterns, cases):
+    if "baseline" in patterns and ctx.device.type == "cuda" and torch.cuda.device_count() < ctx.world_size:
+        return None  # NCCL cannot place two ranks on one GPU: the baseline needs a GPU per rank
+    errors = []
+    for pattern in patterns:
+        for i, (dtype, m, N, K, cfg) in enumerate(cases):
+            for call in range(2):  # the same flags, slots and workspace; new inputs each time
+                if op == "all_gather_gemm":  # a heap A_local the first time, a plain one (staged) the second
+                    err = _agg_call(ctx, pattern, dtype, m, N, K, cfg, 100 * i + call, symmetric=call == 0)
+                else:
+                    err = _grs_call(ctx, pattern, dtype, m, N, K, cfg, 100 * i + call)
+                errors.append((pattern, str(dtype), call, err, TOL[dtype]))
+    return errors
+
+
+@pytest.mark.parametrize("op", ["all_gather_gemm", "gemm_reduce_scatter"])
+@pytest.mark.parametrize("pattern", FUSED + ("baseline",))
+def test_pattern_matches_torch(pool, op, pattern):
+    results = pool.run(_body, op, (pattern,), CASES)
+    if results[0] is None:
+        pytest.skip("ranks share a GPU: torch.distributed's NCCL baseline cannot run")
+    for errors in results:
+        assert len(errors) == 2 * len(CASES)
+        for name, dtype, call, err, tol in errors:
+            assert err < tol, (op, name, dtype, call, err)
+
+
+@pytest.mark.parametrize("op", ["all_gather_gemm", "gemm_reduce_scatter"])
+def test_patterns_in_turn_and_with_gemm_all_scatter(pool2, op):
+    """Every pattern (and auto) one after another, then gemm_all_scatter: one epoch count for all."""
+    case = [(torch.float16, 8, 16, 32, SMALL)]
+    results = pool2.run(_body, op, FUSED + FUSED[::-1] + ("auto",), case)
+    for errors in results:
+        assert len(errors) == 2 * (2 * len(FUSED) + 1)
+        for name, dtype, call, err, tol in errors:
+            assert err < tol, (op, name, dtype, call, err)
+
+
+def _mixed_body(ctx):
+    import trident
+
+    errs = []
+    for i in range(3):
+        errs.append(_grs_call(ctx, "workgroup_specialized", torch.float16, 8, 16, 16, SMALL, seed=i))
+        errs.append(_agg_call(ctx, "workgroup_specialized", torch.float16, 8, 16, 16, SMALL, i, True))
+        A = torch.randn(16, 16, dtype=torch.float16, device=ctx.device)
+        B = torch.randn(16, 8, dtype=torch.float16, device=ctx.device)
+        C = ctx.empty(16, 8 * ctx.world_size, dtype=torch.float16)
+        trident.ops.gemm_all_scatter(ctx, A, B, C, pattern="workgroup_specialized", config=SMALL)
+        ctx.barrier()
+        mine = C[:, ctx.rank * 8:(ctx.rank + 1) * 8]
+        errs.append(_err(mine, A.cpu().double() @ B.cpu().double()))
+    return errs
+
+
+def test_the_three_ops_interleaved_share_flags_and_epochs(pool2):
+    for errs in pool2.run(_mixed_body):
+        assert len(errs) == 9
+        assert max(errs) < 5e-3, errs
+
+
+def _trace_body(ctx, op, pattern):
+    import trident
+    import trident.trace
+
+    trace = trident.trace.Trace(ctx, capacity=512)
+    m, N, K = 16, 32, 16
+    if op == "all_gather_gemm":
+        A_local = ctx.randn(m, K, dtype=torch.float16)
+        C = torch.empty(ctx.world_size * m, N, dtype=torch.float16, device=ctx.device)
+        trident.ops.all_gather_gemm(ctx, A_local, torch.randn(K, N, dtype=torch.float16, device=ctx.device), C,
+                                    pattern=pattern, config=SMALL, trace=trace)
+    else:
+        C = torch.empty(m, N, dtype=torch.float16, device=ctx.device)
+        trident.ops.gemm_reduce_scatter(ctx, torch.randn(ctx.world_size * m, K, dtype=torch.float16,
+                                                         device=ctx.device),
+                                        torch.randn(K, N, dtype=torch.float16, device=ctx.device), C,
+                                        pattern=pattern, config=SMALL, trace=trace)
+    ctx.barrier()
+    kinds = [e.kind_name for e in trace.events() if e.rank == ctx.rank]
+    return {k: kinds.count(k) for k in ("compute", "comm", "wait")}
+
+
+@pytest.mark.parametrize("op,pattern,want", [
+    # 16 x 32 per shard in 16 x 16 tiles: 2 tiles a shard, 2 shards at 2 ranks.
+    ("all_gather_gemm", "fused_sequential", {"compute": 4, "comm": 0, "wait": 0}),
+    ("all_gather_gemm", "workgroup_specialized", {"compute": 4, "comm": 2, "wait": 4}),  # 2 row blocks gathered
+    ("gemm_reduce_scatter", "fused_sequential", {"compute": 4, "comm": 4, "wait": 0}),
+    ("gemm_reduce_scatter", "workgroup_specialized", {"compute": 6, "comm": 4, "wait": 2}),  # + 2 reduced tiles
+])
+def test_trace_records_every_tile(pool2, op, pattern, want):
+    for counts in pool2.run(_trace_body, op, pattern):
+        assert counts == want
+
+
+def _bad_input_body(ctx):
+    import trident
+
+    agg, grs = trident.ops.all_gather_gemm, trident.ops.gemm_reduce_scatter
+    w, dev = ctx.world_size, ctx.device
+    A, B = ctx.zeros(4, 8), ctx.zeros(8, 3)
+    calls = {
+        "agg pattern": lambda: agg(ctx, A, B, torch.zeros(4 * w, 3, device=dev), pattern="producer_consumer"),
+        "agg k": lambda: agg(ctx, A, ctx.zeros(5, 3), torch.zeros(4 * w, 3, device=dev)),
+        "agg c": lambda: agg(ctx, A, B, torch.zeros(4, 3, device=dev)),
+        "agg dtype": lambda: agg(ctx, A, B.half(), torch.zeros(4 * w, 3, device=dev)),
+        "agg comm": lambda: agg(ctx, A, B, torch.zeros(4 * w, 3, device=dev), comm_programs=0),
+        "grs rows": lambda: grs(ctx, ctx.zeros(4 * w + 1, 8), B, torch.zeros(4, 3, device=dev)),
+        "grs c": lambda: grs(ctx, ctx.zeros(4 * w, 8), B, torch.zeros(4 * w, 3, device=dev)),
+        "grs contiguous": lambda: grs(ctx, ctx.zeros(8, 4 * w).t(), B, torch.zeros(4, 3, device=dev)),
+        "grs config": lambda: grs(ctx, ctx.zeros(4 * w, 8), B, torch.zeros(4, 3, device=dev),
+                                  config=MatmulConfig(BLOCK_K=8)),
+        "grs int": lambda: grs(ctx, ctx.zeros(4 * w, 8).int(), B.int(), torch.zeros(4, 3, device=dev).int()),
+    }
+    messages = {}
+    for name, call in calls.items():
+        try:
+            call()
+            messages[name] = "accepted"
+        except (ValueError, TypeError, trident.TridentError) as exc:
+            messages[name] = str(exc)
+    return messages
+
+
+def test_bad_input_is_refused_before_anything_runs(pool2):
+    for rank, m in enumerate(pool2.run(_bad_input_body)):
+        assert all(f"rank {rank}:" in text for text in m.values()), m
+        assert "pattern='producer_consumer' is not one of" in m["agg pattern"]
+        assert "K mismatch" in m["agg k"]
+        assert "expected (world_size * A_local rows, N)" in m["agg c"]
+        assert "must share one dtype" in m["agg dtype"]
+        assert "comm_programs=0 must be a positive int" in m["agg comm"]
+        assert "M must be divisible by world_size" in m["grs rows"]
+        assert "expected (M / world_size, N)" in m["grs c"]
+        assert "must be contiguous" in m["grs contiguous"]
+        assert "BLOCK_K=8 must be a power of two" in m["grs config"]
+        assert "dtype torch.int32" in m["grs int"]
+
+
+def _zero_body(ctx):
+    import trident
+
+    out = {}
+    C = torch.full((2 * ctx.world_size, 3), 7.0, device=ctx.device)
+    trident.ops.all_gather_gemm(ctx, ctx.zeros(2, 0), torch.zeros(0, 3, device=ctx.device), C,
+                                pattern="fused_sequential")
+    out["agg k=0"] = C.abs().max().item()
+    C = torch.full((2, 3), 7.0, device=ctx.device)
+    trident.ops.gemm_reduce_scatter(ctx, torch.zeros(2 * ctx.world_size, 0, device=ctx.device),
+                                    torch.zeros(0, 3, device=ctx.device), C, pattern="workgroup_specialized")
+    out["grs k=0"] = C.abs().max().item()
+    C = torch.empty(0, 3, device=ctx.device)
+    trident.ops.gemm_reduce_scatter(ctx, torch.zeros(0, 4, device=ctx.device), torch.zeros(4, 3, device=ctx.device),
+                                    C, pattern="fused_sequential")
+    out["grs m=0"] = tuple(C.shape)
+    return out
+
+
+def test_empty_sizes(pool2):
+    for out in pool2.run(_zero_body):
+        assert out == {"agg k=0": 0.0, "grs k=0": 0.0, "grs m=0": (0, 3)}

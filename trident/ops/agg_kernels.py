@@ -1,0 +1,103 @@
+"""Kernels of all-gather + GEMM: ``C = all_gather(A_local) @ B``, with A gathered while the GEMM runs.
+
+Rank r holds ``A_local`` (m x K, symmetric: peers read it) and B (K x N). ``C`` (W*m x N) is
+cut into W row shards of m rows, one per source rank, each tiled on its own
+(:func:`~trident.ops.tiles.shard_tile`): a tile's rows of A all come from one rank. Every
+rank walks the shards starting with its own, whose rows need no communication.
+
+* :func:`pull_kernel` (``fused_sequential``): each tile reads its rows of A straight from the
+  source rank's heap in the K loop (remote loads); nothing is copied. A remote row block is read
+  once per tile column, so the traffic is ``N / BLOCK_N`` times A's size.
+* :func:`gather_gemm_kernel` (``workgroup_specialized``): the first programs copy A's row blocks
+  from their owners into a local ``a_full`` (each once) and release one flag per block; the
+  others run the GEMM on ``a_full``, acquiring a block's flag before its first tile.
+
+Both use the call handshake of :mod:`trident.ops.call_sync`: peers' ``A_local`` is read only
+after they entered the call, and the kernel ends only after every peer is done reading ours.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import trace
+from ..device import signal, translate, wait
+from .call_sync import clock, enter_call, finish_call, wait_peers_ready
+from .tiles import shard_tile, tile_dot, tile_offsets
+
+
+@triton.jit
+def pull_kernel(a_local, b, c, m, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                state_ptr, ready_ptr, arrived_ptr, trace_ptr, rank, world_size, heap_bases,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                WORLD_BLOCK: tl.constexpr, TRACE: tl.constexpr = False):
+    """fused_sequential: one persistent kernel; each tile multiplies rows of A read from their owner."""
+    epoch = enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
+    tiles = world_size * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
+        t0 = clock(TRACE)
+        src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
+        a_src = translate(a_local, rank, src, heap_bases)  # src's A_local, as this process maps it
+        acc = tile_dot(a_src, b, pid_m, pid_n, m, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       BLOCK_M, BLOCK_N, BLOCK_K, False)
+        offs, mask = tile_offsets(pid_m, pid_n, m, N, stride_cm, 1, BLOCK_M, BLOCK_N)
+        tl.store(c + tl.cast(src, tl.int64) * m * stride_cm + offs, acc.to(c.dtype.element_ty), mask=mask)
+        trace.record(trace_ptr, trace.COMPUTE, tile, src, t0, rank, TRACE)
+    finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+
+
+@triton.jit
+def copy_rows(src_ptr, dst_ptr, row0, rows, K, stride_src, stride_dst, rank, peer, heap_bases,
+              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Copy rows ``row0 .. row0 + BLOCK_M - 1`` (those below ``rows``) of a ``rows x K`` matrix
+    from ``peer``'s copy of ``src_ptr`` into the local ``dst_ptr``, ``BLOCK_K`` columns at a time."""
+    rm = row0 + tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    src = translate(src_ptr, rank, peer, heap_bases) + rm.to(tl.int64)[:, None] * stride_src
+    dst = dst_ptr + rm.to(tl.int64)[:, None] * stride_dst
+    for k in range(0, K, BLOCK_K):
+        mask = (rm < rows)[:, None] & (k + rk < K)[None, :]
+        tl.store(dst + (k + rk)[None, :], tl.load(src + (k + rk)[None, :], mask=mask), mask=mask)
+
+
+@triton.jit
+def gather_gemm_kernel(a_local, a_full, b, c, m, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                       gather_programs, state_ptr, ready_ptr, arrived_ptr, flags_ptr, trace_ptr, rank, world_size,
+                       heap_bases, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       GROUP_M: tl.constexpr, WORLD_BLOCK: tl.constexpr, TRACE: tl.constexpr = False):
+    """workgroup_specialized: programs ``0 .. gather_programs-1`` gather A's row blocks into
+    ``a_full`` (``W*m x K``, row stride K) and release ``flags[block]``; the rest (higher ids, so
+    the simulator runs them after the gather) acquire each block's flag and multiply."""
+    pid = tl.program_id(0)
+    epoch = enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    blocks = tl.cdiv(m, BLOCK_M)  # row blocks per source rank
+    if pid < gather_programs:
+        wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
+        for i in tl.range(pid, world_size * blocks, gather_programs):
+            t0 = clock(TRACE)
+            src = (rank + i // blocks) % world_size  # my own rows first, in the GEMM's order
+            block = src * blocks + i % blocks
+            shard = a_full + tl.cast(src, tl.int64) * m * K
+            copy_rows(a_local, shard, (i % blocks) * BLOCK_M, m, K, stride_am, K, rank, src, heap_bases,
+                      BLOCK_M, BLOCK_K)
+            signal(flags_ptr + block, epoch, rank, rank, heap_bases, scope="gpu")  # read on this GPU only
+            trace.record(trace_ptr, trace.COMM, block, src, t0, rank, TRACE)
+    else:
+        tiles = world_size * blocks * tl.cdiv(N, BLOCK_N)
+        for tile in tl.range(pid - gather_programs, tiles, tl.num_programs(0) - gather_programs):
+            src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
+            t0 = clock(TRACE)
+            wait(flags_ptr + src * blocks + pid_m, epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
+            trace.record(trace_ptr, trace.WAIT, tile, src, t0, rank, TRACE)
+            t0 = clock(TRACE)
+            # a_full was written by this kernel with ordinary stores: read it with ordinary loads
+            # too (a TMA read would need a generic-to-async proxy fence first).
+            shard = a_full + tl.cast(src, tl.int64) * m * K
+            acc = tile_dot(shard, b, pid_m, pid_n, m, N, K, K, 1, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K,
+                           False)
+            offs, mask = tile_offsets(pid_m, pid_n, m, N, stride_cm, 1, BLOCK_M, BLOCK_N)
+            tl.store(c + tl.cast(src, tl.int64) * m * stride_cm + offs, acc.to(c.dtype.element_ty), mask=mask)
+            trace.record(trace_ptr, trace.COMPUTE, tile, src, t0, rank, TRACE)
+    finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
