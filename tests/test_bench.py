@@ -152,6 +152,44 @@ def test_device_api_and_ccl_on_the_harness(pool2, tmp_path):
     assert rec["nccl_compared"] is False and all(r["busbw_gbps"] > 0 for r in rec["rows"])
 
 
+def _fused_bench(ctx, module, argv, out):
+    import importlib
+
+    mod = importlib.import_module(f"trident.bench.{module}")
+    args = mod.parse_args(argv + ["--warmup", "0", "--repeats", "1", "--no-progress", "--trace", "--out", out])
+    record = mod.run(ctx, args)
+    files = (mod.report(record, out) if module == "gemm_all_scatter" else
+             mod.report(record, out, args.op, args.op)) if ctx.rank == 0 else []
+    return record, files
+
+
+@pytest.mark.parametrize("module,argv,patterns", [
+    ("gemm_all_scatter", [], {"bulk_synchronous", "producer_consumer", "fused_sequential", "workgroup_specialized"}),
+    ("tensor_parallel", ["--op", "all_gather_gemm"], {"bulk_synchronous", "fused_sequential",
+                                                      "workgroup_specialized"}),
+    ("tensor_parallel", ["--op", "gemm_reduce_scatter"], {"bulk_synchronous", "fused_sequential",
+                                                          "workgroup_specialized"}),
+])
+def test_fused_op_benchmarks_check_time_plot_and_trace(pool2, tmp_path, module, argv, patterns):
+    (record, files), (other, _) = pool2.run(_fused_bench, module, argv, str(tmp_path))
+    assert record["rows"] == other["rows"]  # times are the max over ranks: every rank has the same
+    _check_common(record, files, 2)
+    rows = {r["pattern"]: r for r in record["rows"]}
+    assert set(rows) == patterns | {"gemm", "baseline", "auto"}
+    assert rows["auto"]["chosen"] == "baseline"  # nothing measured for the simulator
+    for r in rows.values():
+        assert r["time_ms"] > 0 and r["vs_gemm"] == pytest.approx(r["time_ms"] / rows["gemm"]["time_ms"])
+        assert r["speedup"] == pytest.approx(rows["baseline"]["time_ms"] / r["time_ms"])
+    names = {os.path.basename(f) for f in files}
+    assert {n for n in names if n.endswith("_speedup.png") or n.endswith("_breakdown.png")} and len(names) >= 3
+    traced = patterns - ({"bulk_synchronous"} if module == "tensor_parallel" else set())
+    for pattern in traced:  # one timeline per traced pattern, written by rank 0
+        base = tmp_path / f"timeline_{pattern}_32x32x32"
+        assert _png_ok(f"{base}.png")
+        events = json.loads(open(f"{base}.json").read())["traceEvents"]
+        assert {e["pid"] for e in events if e.get("ph") == "X"} >= {0, 1}
+
+
 def test_cli_bench_p2p_end_to_end(tmp_path):
     out = tmp_path / "p2p"
     proc = subprocess.run([sys.executable, "-m", "trident", "bench", "p2p", "-n", "2", "--ops", "load", "atomic_cas",
@@ -178,6 +216,7 @@ def test_nccl_reference_lines_never_use_nvlink_multicast():
 def test_cli_lists_benchmarks_and_rejects_unknown():
     from trident.cli import BENCHMARKS, main
 
-    assert {"ccl", "p2p", "all-load", "all-store", "device-api"} <= set(BENCHMARKS)
+    assert {"ccl", "p2p", "all-load", "all-store", "device-api", "gemm", "gemm-all-scatter", "all-gather-gemm",
+            "gemm-reduce-scatter"} <= set(BENCHMARKS)
     with pytest.raises(SystemExit):
         main(["bench", "no-such-bench"])

@@ -116,6 +116,10 @@ BENCHMARKS = {
     "device-api": Bench("trident.bench.device_api", (), "device-API translation cost vs a plain copy", 1),
     "gemm": Bench("trident.bench.gemm", (), "trident's persistent matmul vs torch.matmul (cuBLAS), one GPU", 1),
     "gemm-all-scatter": Bench("trident.bench.gemm_all_scatter", (), "GEMM + all-scatter patterns vs torch + NCCL"),
+    "all-gather-gemm": Bench("trident.bench.tensor_parallel", ("--op", "all_gather_gemm"),
+                             "all-gather + GEMM patterns (TP MLP, first half) vs torch + NCCL"),
+    "gemm-reduce-scatter": Bench("trident.bench.tensor_parallel", ("--op", "gemm_reduce_scatter"),
+                                 "GEMM + reduce-scatter patterns (TP MLP, second half) vs torch + NCCL"),
 }
 
 

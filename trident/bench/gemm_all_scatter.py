@@ -79,37 +79,56 @@ def _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline, config) -> l
             continue
         calls[p] = lambda p=p: trident.ops.gemm_all_scatter(ctx, A, B_local, C, pattern=p, config=config,
                                                             comm_programs=args.comm_programs)
+    def on_call(name):  # --trace: one traced call of the pattern
+        record_timeline(ctx, args, lambda trace: trident.ops.gemm_all_scatter(
+            ctx, A, B_local, C, pattern=name, config=config, comm_programs=args.comm_programs, trace=trace),
+            name, f"{M}x{N}x{K}")
+
+    times = check_and_time(ctx, args, calls, C, want, f"{M}x{N}x{K}", on_call if args.trace else None)
+    ctx.free(C)
+    return shape_rows(f"{M}x{N}x{K}", 2.0 * M * N * K, times,
+                      trident.ops.choose_pattern(ctx, M, N, K) if "auto" in times else None)
+
+
+def check_and_time(ctx, args, calls: dict, out: torch.Tensor, want: torch.Tensor, label: str, on_call=None) -> dict:
+    """Time every call (collective): ``gemm`` (the reference) as it is, every other one after a
+    checked run (``out`` poisoned with NaN first, then compared with ``want``). ``on_call(name)``
+    runs after each pattern is timed (the timelines). Returns ``{name: ms, max over ranks}``."""
     times = {}
-    for name, fn in harness.progress(list(calls.items()), ctx, args, f"{M}x{N}x{K}"):
+    for name, fn in harness.progress(list(calls.items()), ctx, args, label):
         ctx.barrier()
-        if name != "gemm":  # each pattern is checked before it is timed
-            C.fill_(float("nan"))
+        if name != "gemm":
+            out.fill_(float("nan"))
             ctx.barrier()
             fn()
             ctx.barrier()
-            err = _err(C, want)
+            err = _err(out, want)
             if not err < 2e-2:
-                raise RuntimeError(f"rank {ctx.rank}: {name} on {M}x{N}x{K}: relative error {err:.3g}")
+                raise RuntimeError(f"rank {ctx.rank}: {name} on {label}: relative error {err:.3g}")
             ctx.barrier()
         times[name] = harness.max_over_ranks(ctx, harness.time_ms(ctx, fn, args.warmup, args.repeats))
-        if args.trace and name not in ("gemm", "baseline", "auto"):
-            _timeline(ctx, args, A, B_local, C, name, f"{M}x{N}x{K}", config)
-    ctx.free(C)
-    return [{"shape": f"{M}x{N}x{K}", "pattern": name, "time_ms": ms, "tflops": 2.0 * M * N * K / ms / 1e9,
+        if on_call is not None and name not in ("gemm", "baseline", "auto"):
+            on_call(name)
+    return times
+
+
+def shape_rows(shape: str, flops: float, times: dict, chosen: str | None) -> list[dict]:
+    """The record's rows for one shape: time, TFLOP/s, speedup over ``baseline``, time over ``gemm``."""
+    return [{"shape": shape, "pattern": name, "time_ms": ms, "tflops": flops / ms / 1e9,
              "vs_gemm": ms / times["gemm"], "speedup": times["baseline"] / ms if "baseline" in times else None,
              "gemm_ms": times["gemm"], "exposed_comm_ms": max(ms - times["gemm"], 0.0),
-             "chosen": trident.ops.choose_pattern(ctx, M, N, K) if name == "auto" else None}
+             "chosen": chosen if name == "auto" else None}
             for name, ms in times.items()]
 
 
-def _timeline(ctx, args, A, B_local, C, pattern, shape, config) -> None:
-    """One traced call (collective): every rank's per-tile compute/comm/wait events, written by rank 0."""
+def record_timeline(ctx, args, run_traced, pattern: str, shape: str) -> None:
+    """One traced call, ``run_traced(trace)`` (collective): every rank's per-tile compute/comm/wait
+    events, written by rank 0 as ``timeline_{pattern}_{shape}.json`` (Perfetto) and ``.png``."""
     import trident.trace
 
     trace = trident.trace.Trace(ctx, capacity=1 << 16)
     ctx.barrier()
-    trident.ops.gemm_all_scatter(ctx, A, B_local, C, pattern=pattern, config=config,
-                                 comm_programs=args.comm_programs, trace=trace)
+    run_traced(trace)
     ctx.barrier()
     trace.gather()
     if ctx.rank == 0:
@@ -120,30 +139,9 @@ def _timeline(ctx, args, A, B_local, C, pattern, shape, config) -> None:
     ctx.free(trace.tensor)
 
 
-def _breakdown(record: dict, path: str) -> str | None:
-    """Stacked bars per shape and pattern: the GEMM alone, and the time on top of it (exposed communication)."""
-    plt = plots._pyplot()
-    if plt is None:
-        return None
-    rows = [r for r in record["rows"] if r["pattern"] != "gemm"]
-    labels = [f"{r['shape']}\n{r['pattern']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(rows)), 4.5))
-    x = range(len(rows))
-    ax.bar(x, [min(r["gemm_ms"], r["time_ms"]) for r in rows], label="GEMM alone")
-    ax.bar(x, [r["exposed_comm_ms"] for r in rows], bottom=[min(r["gemm_ms"], r["time_ms"]) for r in rows],
-           label="on top of the GEMM (exposed communication)")
-    ax.set_xticks(list(x), labels, rotation=60, fontsize=7)
-    ax.set_ylabel("time (ms)")
-    ax.legend(fontsize=8)
-    fig.suptitle(plots._title(record, "GEMM + all-scatter: where the time goes"), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def report(record: dict, out: str) -> list[str]:
-    """Write the JSON and the plots into ``out`` and print the table; returns the files written."""
+def report(record: dict, out: str, name: str = "gemm_all_scatter", what: str = "GEMM + all-scatter") -> list[str]:
+    """Write the JSON and the plots (``{name}_speedup.png``, ``{name}_breakdown.png``) into ``out``
+    and print the table; returns the files written."""
     files = [harness.write_results(record, out)]
     print(harness.header(record))
     columns = [("shape", "shape", ""), ("pattern", "pattern", ""), ("time_ms", "ms", ".3f"),
@@ -151,9 +149,9 @@ def report(record: dict, out: str) -> list[str]:
                ("chosen", "auto chose", "")]
     print(harness.table(record["rows"], columns))
     with_speedup = dict(record, rows=[r for r in record["rows"] if r["speedup"] is not None])
-    png = plots.bars(with_speedup, f"{out}/gemm_all_scatter_speedup.png", "shape", "pattern", "speedup",
-                     "speedup over baseline", "GEMM + all-scatter") if with_speedup["rows"] else None
-    stacked = _breakdown(record, f"{out}/gemm_all_scatter_breakdown.png")
+    png = plots.bars(with_speedup, f"{out}/{name}_speedup.png", "shape", "pattern", "speedup",
+                     "speedup over baseline", what) if with_speedup["rows"] else None
+    stacked = plots.breakdown(record, f"{out}/{name}_breakdown.png", f"{what}: where the time goes")
     return files + [p for p in (png, stacked) if p]
 
 

@@ -171,3 +171,26 @@ def loglog(record: dict, path: str, panel: str, line: str, x: str, y: str, xlabe
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def breakdown(record: dict, path: str, what: str) -> str | None:
+    """Stacked bars per shape and pattern (rows with ``gemm_ms`` and ``exposed_comm_ms``): the GEMM
+    alone, and the time on top of it (exposed communication). Returns the PNG path, or None without matplotlib."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    rows = [r for r in record["rows"] if r["pattern"] != "gemm"]
+    labels = [f"{r['shape']}\n{r['pattern']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(rows)), 4.5))
+    x = range(len(rows))
+    ax.bar(x, [min(r["gemm_ms"], r["time_ms"]) for r in rows], label="GEMM alone")
+    ax.bar(x, [r["exposed_comm_ms"] for r in rows], bottom=[min(r["gemm_ms"], r["time_ms"]) for r in rows],
+           label="on top of the GEMM (exposed communication)")
+    ax.set_xticks(list(x), labels, rotation=60, fontsize=7)
+    ax.set_ylabel("time (ms)")
+    ax.legend(fontsize=8)
+    fig.suptitle(_title(record, what), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -68,7 +68,8 @@ def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor
         config: a :class:`MatmulConfig` for the GEMM tiles (None: the table's).
         comm_programs: programs that gather in ``workgroup_specialized`` (None: 16 on a GPU, 2 in
             the simulator).
-        trace: a ``trident.trace.Trace`` to record per-tile events, or None.
+        trace: a ``trident.trace.Trace`` to record per-tile events, or None (the two fused
+            patterns record; ``bulk_synchronous`` and ``baseline`` run library kernels that do not).
 
     Returns:
         ``C``, ordered on the current stream. No host synchronization inside (the first call on a

@@ -69,7 +69,8 @@ def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, 
         config: a :class:`MatmulConfig` for the GEMM tiles (None: the table's).
         comm_programs: reducer programs in ``workgroup_specialized`` (None: 16 on a GPU, 2 in the
             simulator).
-        trace: a ``trident.trace.Trace`` to record per-tile events, or None.
+        trace: a ``trident.trace.Trace`` to record per-tile events, or None (the two fused
+            patterns record; ``bulk_synchronous`` and ``baseline`` run library kernels that do not).
 
     Returns:
         ``C``, ordered on the current stream. The fused patterns keep an ``M x N`` staging buffer
