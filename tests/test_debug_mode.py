@@ -94,3 +94,38 @@ def _debug_flag_body(ctx):
 def test_debug_mode_is_on_only_where_asked(debug_pool, pool2):
     assert debug_pool.run(_debug_flag_body) == [(True, True)] * 2
     assert pool2.run(_debug_flag_body) == [(False, False)] * 2
+
+
+def _mismatch_body(ctx):
+    import trident
+
+    r, w, dev = ctx.rank, ctx.world_size, ctx.device
+    calls = {
+        "all_reduce": lambda: trident.ccl.all_reduce(ctx, torch.ones(4 + r, device=dev)),
+        "gemm_all_scatter": lambda: trident.ops.gemm_all_scatter(
+            ctx, torch.ones(8, 4, device=dev), torch.ones(4, 2, device=dev),
+            [ctx.zeros(8, 2 * w), ctx.zeros(8, 2 * w)][r]),  # two allocations: C at different offsets
+        "all_gather_gemm": lambda: trident.ops.all_gather_gemm(
+            ctx, [ctx.ones(4, 4), torch.ones(4, 4, device=dev)][r % 2],  # a heap A_local and a plain one
+            torch.ones(4, 2, device=dev), torch.empty(4 * w, 2, device=dev)),
+        "gemm_reduce_scatter": lambda: trident.ops.gemm_reduce_scatter(
+            ctx, torch.ones(4 * w, 4 + r, device=dev), torch.ones(4 + r, 2, device=dev), torch.empty(4, 2, device=dev)),
+    }
+    messages = {}
+    for name, call in calls.items():
+        try:
+            call()
+            messages[name] = "accepted"
+        except trident.DivergenceError as exc:
+            messages[name] = str(exc)
+    return messages
+
+
+def test_collectives_and_fused_ops_refuse_arguments_that_differ_across_ranks(debug_pool):
+    for rank, messages in enumerate(debug_pool.run(_mismatch_body)):
+        for name, text in messages.items():
+            assert text.startswith(f"rank {rank}: ranks called collectives with different arguments"), (name, text)
+            assert f"rank 0: ('{name}'" in text and f"rank 1: ('{name}'" in text, text
+        assert "C at heap offset" in messages["gemm_all_scatter"]
+        assert "A_local at heap offset" in messages["all_gather_gemm"] and "not on the heap" in \
+            messages["all_gather_gemm"]
