@@ -41,7 +41,7 @@ import trident
 from trident.device import wait
 from trident.ops import gas_kernels as G
 from trident.ops.matmul import pick_config, operands, launch_matmul
-from trident.ops.gemm_all_scatter import _sync_state
+from trident.ops.common import sync_state as _sync_state
 from trident.ops.tiles import tile_coords, tile_offsets
 
 @triton.jit

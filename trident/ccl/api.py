@@ -58,8 +58,16 @@ def _check(ctx, what: str, **tensors) -> None:
         raise ValueError(f"rank {ctx.rank}: {what}: tensors must share one dtype, got {listing}")
 
 
-def _agree(ctx, what: str, *facts) -> None:
-    """Debug mode: every rank must call the same collective with the same sizes."""
+def agree_in_debug(ctx, what: str, *facts) -> None:
+    """Debug mode (``TRIDENT_DEBUG=1``): raise :class:`DivergenceError` on every rank unless every
+    rank passed the same ``facts`` (shapes, dtypes, options, placements) to collective ``what``.
+
+    A cheap host-side exchange through the rendezvous store; nothing at all outside debug mode.
+
+    Example::
+
+        agree_in_debug(ctx, "all_gather", tuple(inp.shape), inp.dtype)
+    """
     if config.DEBUG:
         mine = repr((what, *facts))
         everyone = [v.decode() for v in ctx._rendezvous.all_gather(f"{what} argument check", mine.encode())]
@@ -128,7 +136,7 @@ def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
     if out.numel() != ctx.world_size * inp.numel():
         raise ValueError(f"rank {ctx.rank}: all_gather: out has {out.numel()} elements, expected world_size x "
                          f"inp = {ctx.world_size} x {inp.numel()} (inp shape {tuple(inp.shape)})")
-    _agree(ctx, "all_gather", tuple(inp.shape), inp.dtype)
+    agree_in_debug(ctx, "all_gather", tuple(inp.shape), inp.dtype)
     source = _on_heap(ctx, inp, "input", copy_in=True)
     _launch(ctx, kernels.all_gather_kernel, inp.numel(), source, out, inp.numel(), BLOCK=_block(ctx, inp.numel()))
     return out
@@ -147,7 +155,7 @@ def reduce_scatter(ctx, out: torch.Tensor, inp: torch.Tensor, op="sum") -> torch
     if inp.numel() != ctx.world_size * out.numel():
         raise ValueError(f"rank {ctx.rank}: reduce_scatter: inp has {inp.numel()} elements, expected world_size x "
                          f"out = {ctx.world_size} x {out.numel()}")
-    _agree(ctx, "reduce_scatter", tuple(inp.shape), inp.dtype, name)
+    agree_in_debug(ctx, "reduce_scatter", tuple(inp.shape), inp.dtype, name)
     source = _on_heap(ctx, inp, "input", copy_in=True)
     _launch(ctx, kernels.reduce_scatter_kernel, out.numel(), source, out, out.numel(), OP=name,
             ACC=_acc_dtype(inp.dtype), BLOCK=_block(ctx, out.numel()))
@@ -177,7 +185,7 @@ def all_reduce(ctx, tensor: torch.Tensor, op="sum", algorithm: str = "auto") -> 
         raise ValueError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
     if algorithm == "auto":
         algorithm = "one_shot" if tensor.numel() * tensor.element_size() <= ONE_SHOT_MAX_BYTES else "two_shot"
-    _agree(ctx, "all_reduce", tuple(tensor.shape), tensor.dtype, name, algorithm)
+    agree_in_debug(ctx, "all_reduce", tuple(tensor.shape), tensor.dtype, name, algorithm)
     n = tensor.numel()
     x = _on_heap(ctx, tensor, "input", copy_in=True)
     scratch = workspace(ctx).buffer("scratch", n, tensor.dtype)
@@ -247,7 +255,7 @@ def _all_to_all_rows(ctx, out, source, out_splits, in_splits, what: str) -> torc
         raise ValueError(f"rank {ctx.rank}: {what}: out {tuple(out.shape)} and inp {tuple(source.shape)} must "
                          f"have at least one dimension and match beyond dim 0")
     table = _split_table(ctx, in_splits, out_splits, source.shape[0], out.shape[0], what)
-    _agree(ctx, what, tuple(source.shape[1:]), source.dtype)
+    agree_in_debug(ctx, what, tuple(source.shape[1:]), source.dtype)
     _launch(ctx, kernels.all_to_all_kernel, None, source, out, table, math.prod(source.shape[1:]),
             BLOCK=_block(ctx, out.numel()))
     return out
@@ -282,7 +290,7 @@ def broadcast(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
     _check(ctx, "broadcast", tensor=tensor)
     if not isinstance(src, int) or not 0 <= src < ctx.world_size:
         raise ValueError(f"rank {ctx.rank}: broadcast: src={src!r} is not a rank (world size {ctx.world_size})")
-    _agree(ctx, "broadcast", tuple(tensor.shape), tensor.dtype, src)
+    agree_in_debug(ctx, "broadcast", tuple(tensor.shape), tensor.dtype, src)
     x = _on_heap(ctx, tensor, "input", copy_in=ctx.rank == src)
     _launch(ctx, kernels.broadcast_kernel, tensor.numel(), x, tensor.numel(), src, BLOCK=_block(ctx, tensor.numel()))
     if x is not tensor:

@@ -20,7 +20,7 @@ import torch
 import triton
 
 from ..ccl import all_gather
-from ..ccl.api import _agree
+from ..ccl.api import agree_in_debug
 from ..ccl.workspace import workspace
 from . import agg_kernels as kernels
 from .common import auto_pattern, check_operands, check_pattern, gather_into, sync_state
@@ -47,7 +47,7 @@ def _check(ctx, A_local, B, C, pattern, config, comm_programs) -> None:
         raise ValueError(f"{where}: comm_programs={comm_programs!r} must be a positive int")
     # Peers find A_local at my offset: every rank must pass the same heap tensor (or a plain one).
     placement = ctx.heap_offset(A_local) if ctx.is_symmetric(A_local) else "not on the heap"
-    _agree(ctx, "all_gather_gemm", tuple(A_local.shape), tuple(B.shape), A_local.dtype, pattern,
+    agree_in_debug(ctx, "all_gather_gemm", tuple(A_local.shape), tuple(B.shape), A_local.dtype, pattern,
            f"A_local at heap offset {placement}")
 
 

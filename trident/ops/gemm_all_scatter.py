@@ -23,7 +23,7 @@ import contextlib
 import torch
 import triton
 
-from ..ccl.api import _agree
+from ..ccl.api import agree_in_debug
 from . import gas_kernels as kernels
 from .common import auto_pattern, check_operands, check_pattern, gather_into, sync_state
 from .matmul import MatmulConfig, launch_matmul, operands, pick_config, sm_count
@@ -52,7 +52,7 @@ def _check(ctx, A, B_local, C, pattern, config, comm_programs) -> None:
     if comm_programs is not None and not (isinstance(comm_programs, int) and comm_programs >= 1):
         raise ValueError(f"{where}: comm_programs={comm_programs!r} must be a positive int")
     # Peers store into C at my offset: every rank must pass the same heap tensor.
-    _agree(ctx, "gemm_all_scatter", tuple(A.shape), tuple(B_local.shape), A.dtype, pattern,
+    agree_in_debug(ctx, "gemm_all_scatter", tuple(A.shape), tuple(B_local.shape), A.dtype, pattern,
            f"C at heap offset {ctx.heap_offset(C)}")
 
 

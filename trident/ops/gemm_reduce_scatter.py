@@ -24,7 +24,7 @@ import torch
 import triton
 
 from ..ccl import reduce_scatter
-from ..ccl.api import _agree
+from ..ccl.api import agree_in_debug
 from ..ccl.workspace import workspace
 from . import grs_kernels as kernels
 from .common import auto_pattern, check_operands, check_pattern, reduce_scatter_into, sync_state
@@ -52,7 +52,7 @@ def _check(ctx, A, B, C, pattern, config, comm_programs) -> None:
         raise ValueError(f"{where}: C is {tuple(C.shape)}; expected (M / world_size, N) = {want}")
     if comm_programs is not None and not (isinstance(comm_programs, int) and comm_programs >= 1):
         raise ValueError(f"{where}: comm_programs={comm_programs!r} must be a positive int")
-    _agree(ctx, "gemm_reduce_scatter", tuple(A.shape), tuple(B.shape), A.dtype, pattern)
+    agree_in_debug(ctx, "gemm_reduce_scatter", tuple(A.shape), tuple(B.shape), A.dtype, pattern)
 
 
 def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, pattern: str = "auto",
