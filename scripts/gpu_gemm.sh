@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: the matmul sweep against cuBLAS, then (when given) the
 # gemm_all_scatter checks with ranks sharing the GPU. Results and logs go to $OUT (or results/).
-# Usage: bash scripts/gpu_gemm.sh [gemm|patterns|all]   (SWEEP= : the table's configs only, no sweep)
+# Usage: bash scripts/gpu_gemm.sh [gemm|patterns|tests|diag|diag+tests|tp|all]   (SWEEP= : the table's configs only)
+#   tp: all_gather_gemm / gemm_reduce_scatter tests on the GPU (ranks sharing it), then both benchmarks
+#       and gemm-all-scatter at one rank with --trace (each pattern against the GEMM alone, and timelines)
 set -u
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRIDENT_BACKEND=cuda
 OUT=${OUT:-results}
@@ -15,6 +17,17 @@ if [ "$what" = patterns ] || [ "$what" = all ] || [ "$what" = tests ] || [ "$wha
   timeout ${PYTEST_LIMIT:-330} python3 -m pytest -q -x --backend cuda -p no:cacheprovider --durations=8 "${kargs[@]}" \
     tests/test_ops_matmul.py tests/test_ops_gemm_all_scatter.py 2>&1 | tee "$OUT/pytest_ops_cuda.log" | tail -25
   echo "pytest exit: $?"
+fi
+if [ "$what" = tp ]; then
+  set -o pipefail
+  timeout ${PYTEST_LIMIT:-240} python3 -m pytest -q -x --backend cuda -p no:cacheprovider --durations=5 \
+    tests/test_ops_tensor_parallel.py 2>&1 | tee "$OUT/pytest_tp_cuda.log" | tail -12
+  echo "pytest exit: $?"
+  for b in all-gather-gemm gemm-reduce-scatter gemm-all-scatter; do
+    timeout ${BENCH_LIMIT:-120} python3 -m trident bench $b -n 1 --no-progress --trace --out "/tmp/tp/$b" 2>&1 \
+      | grep -v Warning | tail -14
+  done
+  tar -C /tmp/tp -czf "$OUT/tp_w1.tgz" . 2>/dev/null  # JSON, breakdowns, timelines: one file to fetch
 fi
 if [ "$what" = patterns ] || [ "$what" = all ]; then
   # One rank: each pattern against the GEMM alone (the cost of the communication machinery).
