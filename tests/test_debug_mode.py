@@ -98,6 +98,7 @@ def test_debug_mode_is_on_only_where_asked(debug_pool, pool2):
 
 def _mismatch_body(ctx):
     import trident
+    from trident.testing import refusals
 
     r, w, dev = ctx.rank, ctx.world_size, ctx.device
     calls = {
@@ -111,14 +112,7 @@ def _mismatch_body(ctx):
         "gemm_reduce_scatter": lambda: trident.ops.gemm_reduce_scatter(
             ctx, torch.ones(4 * w, 4 + r, device=dev), torch.ones(4 + r, 2, device=dev), torch.empty(4, 2, device=dev)),
     }
-    messages = {}
-    for name, call in calls.items():
-        try:
-            call()
-            messages[name] = "accepted"
-        except trident.DivergenceError as exc:
-            messages[name] = str(exc)
-    return messages
+    return refusals(calls)
 
 
 def test_collectives_and_fused_ops_refuse_arguments_that_differ_across_ranks(debug_pool):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from trident.ops import MatmulConfig
+from trident.testing import refusals
 
 FUSED = ("bulk_synchronous", "fused_sequential", "workgroup_specialized")
 SMALL = MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)
@@ -173,14 +174,7 @@ def _bad_input_body(ctx):
                                   config=MatmulConfig(BLOCK_K=8)),
         "grs int": lambda: grs(ctx, ctx.zeros(4 * w, 8).int(), B.int(), torch.zeros(4, 3, device=dev).int()),
     }
-    messages = {}
-    for name, call in calls.items():
-        try:
-            call()
-            messages[name] = "accepted"
-        except (ValueError, TypeError, trident.TridentError) as exc:
-            messages[name] = str(exc)
-    return messages
+    return refusals(calls)
 
 
 def test_bad_input_is_refused_before_anything_runs(pool2):

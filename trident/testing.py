@@ -35,6 +35,26 @@ class RankFailure(TridentError):
     """A task failed on one or more ranks; the message holds every failing rank's traceback."""
 
 
+def refusals(calls: dict) -> dict:
+    """Run each zero-argument callable; map its name to the message it was refused with, or
+    ``"accepted"`` when it ran. Catches ``ValueError``, ``TypeError`` and trident's errors only,
+    so anything else (a crash) still fails the test.
+
+    Example::
+
+        messages = refusals({"dtype": lambda: trident.ccl.all_reduce(ctx, ctx.zeros(4, dtype=torch.bool))})
+        assert "does not support dtype" in messages["dtype"]
+    """
+    messages = {}
+    for name, call in calls.items():
+        try:
+            call()
+            messages[name] = "accepted"
+        except (ValueError, TypeError, TridentError) as exc:
+            messages[name] = str(exc)
+    return messages
+
+
 def _worker(rank: int, world_size: int, port: int, init_kwargs: dict, conn) -> None:
     os.environ.update(rank_environment(rank, world_size, port))
     try:

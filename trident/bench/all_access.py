@@ -205,12 +205,8 @@ def main(argv=None) -> int:
         sim_sizes(args)
     w = int(os.environ.get("WORLD_SIZE", "1"))  # the heap must be sized before init
     itemsize = torch.tensor([], dtype=getattr(torch, args.dtype)).element_size()
-    ctx = trident.init(heap_size=harness.heap_for((w + 1) * args.max_bytes + 4 * args.block * itemsize,
-                                                  trident.config.BACKEND))
-    record = run(ctx, args)
-    if ctx.rank == 0:
-        report(record, args.out)
-    ctx.close()
+    heap = harness.heap_for((w + 1) * args.max_bytes + 4 * args.block * itemsize, trident.config.BACKEND)
+    record = harness.run_benchmark(args, run, report, heap)
     return 0 if record["all_correct"] else 1
 
 

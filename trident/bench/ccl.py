@@ -105,12 +105,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if trident.config.BACKEND == "sim":
         sim_sizes(args)
-    ctx = trident.init(heap_size=8 * args.max_bytes + (256 << 20) if trident.config.BACKEND == "cuda"
-                       else 64 << 20)
-    record = run(ctx, args)
-    if ctx.rank == 0:
-        report(record, args.out)
-    ctx.close()
+    heap = 8 * args.max_bytes + (256 << 20) if trident.config.BACKEND == "cuda" else 64 << 20
+    harness.run_benchmark(args, run, report, heap)
     return 0
 
 

@@ -170,12 +170,8 @@ def main(argv=None) -> int:
         sim_sizes(args)
     dtype_bytes = torch.tensor([], dtype=getattr(torch, args.dtype)).element_size()
     biggest = (max(args.sizes_kib) << 10) if getattr(args, "sizes_kib", None) else (max(args.sizes_mib) << 20)
-    ctx = trident.init(heap_size=harness.heap_for(2 * biggest + 8 * max(args.blocks) * dtype_bytes,
-                                                  trident.config.BACKEND))
-    record = run(ctx, args)
-    if ctx.rank == 0:
-        report(record, args.out)
-    ctx.close()
+    heap = harness.heap_for(2 * biggest + 8 * max(args.blocks) * dtype_bytes, trident.config.BACKEND)
+    record = harness.run_benchmark(args, run, report, heap)
     return 0 if record["all_correct"] else 1
 
 

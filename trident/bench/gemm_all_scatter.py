@@ -160,11 +160,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if trident.config.BACKEND == "sim":
         args.repeats, args.warmup = 2, 1
-    ctx = trident.init(heap_size=(8 << 30) if trident.config.BACKEND == "cuda" else 64 << 20)
-    record = run(ctx, args)
-    if ctx.rank == 0:
-        report(record, args.out)
-    ctx.close()
+    harness.run_benchmark(args, run, report, (8 << 30) if trident.config.BACKEND == "cuda" else 64 << 20)
     return 0
 
 

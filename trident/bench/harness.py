@@ -238,6 +238,26 @@ def progress(iterable, ctx, args, desc: str, total: int | None = None):
     return tqdm(iterable, desc=desc, total=total, disable=None, leave=False, file=sys.stderr)
 
 
+def run_benchmark(args, run, report, heap_size: int) -> dict:
+    """A benchmark's rank body: open a context with ``heap_size``, ``record = run(ctx, args)``,
+    ``report(record, args.out)`` on rank 0, close (also after an error); returns the record.
+
+    Example::
+
+        record = harness.run_benchmark(args, run, report, harness.heap_for(2 * args.bytes, trident.config.BACKEND))
+    """
+    import trident
+
+    ctx = trident.init(heap_size=heap_size)
+    try:
+        record = run(ctx, args)
+        if ctx.rank == 0:
+            report(record, args.out)
+    finally:
+        ctx.close()
+    return record
+
+
 def heap_for(nbytes: int, backend: str) -> int:
     """A heap size holding ``nbytes`` of benchmark buffers plus room for trident's own (sim: capped)."""
     need = int(nbytes) + (64 << 20)

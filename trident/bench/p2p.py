@@ -180,11 +180,7 @@ def main(argv=None) -> int:
         sim_sizes(args)
     dtype_bytes = torch.tensor([], dtype=getattr(torch, args.dtype)).element_size()
     heap = 2 * args.bytes + 4 * args.atomic_elems + 8 * args.block * dtype_bytes
-    ctx = trident.init(heap_size=harness.heap_for(heap, trident.config.BACKEND))
-    record = run(ctx, args)
-    if ctx.rank == 0:
-        report(record, args.out)
-    ctx.close()
+    record = harness.run_benchmark(args, run, report, harness.heap_for(heap, trident.config.BACKEND))
     return 0 if record["all_correct"] else 1
 
 

@@ -113,12 +113,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if trident.config.BACKEND == "sim":
         args.repeats, args.warmup = 2, 1
-    ctx = trident.init(heap_size=(8 << 30) if trident.config.BACKEND == "cuda" else 64 << 20)
-    record = run(ctx, args)
-    if ctx.rank == 0:
-        report(record, args.out, args.op, {"all_gather_gemm": "all-gather + GEMM",
-                                           "gemm_reduce_scatter": "GEMM + reduce-scatter"}[args.op])
-    ctx.close()
+    what = {"all_gather_gemm": "all-gather + GEMM", "gemm_reduce_scatter": "GEMM + reduce-scatter"}[args.op]
+    harness.run_benchmark(args, run, lambda record, out: report(record, out, args.op, what),
+                          (8 << 30) if trident.config.BACKEND == "cuda" else 64 << 20)
     return 0
 
 
