@@ -9,9 +9,7 @@ and already one copy less than torch.matmul + all_gather + a layout fix.
     trident run -n 2 examples/gemm_all_scatter_bulk_synchronous.py
     trident run -n 8 examples/gemm_all_scatter_bulk_synchronous.py --m 8192 --n 4608 --k 36864   # GPUs
 """
-import argparse
-
-import torch
+import _gemm_all_scatter_problem as problem
 import triton
 import triton.language as tl
 
@@ -44,43 +42,17 @@ def all_scatter_kernel(c_ptr, M, N, stride_cm, state_ptr, ready_ptr, arrived_ptr
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--m", type=int, default=48)
-    parser.add_argument("--n", type=int, default=0, help="columns of C on all ranks (default 24 per rank)")
-    parser.add_argument("--k", type=int, default=40)
-    args = parser.parse_args()
-    ctx = trident.init(heap_size=1 << 26 if trident.config.BACKEND == "sim" else 4 << 30)
-    w = ctx.world_size
-    M, K, N = args.m, args.k, args.n or 24 * w
-    n = N // w
-    dtype = torch.float16
-    big = ctx.backend == "cuda"
-    BLOCK_M, BLOCK_N, BLOCK_K = (128, 128, 64) if big else (16, 16, 16)
+    p = problem.setup(__doc__)
+    BLOCK_M, BLOCK_N, _ = p.tile
 
-    # The same A on every rank (same seed); B_r is rank r's column block of one B.
-    gen = torch.Generator().manual_seed(0)
-    A = torch.randn(M, K, generator=gen).to(dtype).to(ctx.device)
-    B = torch.randn(K, N, generator=gen).to(dtype).to(ctx.device)
-    B_local = B[:, ctx.rank * n:(ctx.rank + 1) * n].contiguous()
-    C = ctx.empty(M, N, dtype=dtype)                    # peers store into it: on the heap
-    state = ctx.zeros(8, dtype=torch.int64)             # [epoch, finish ticket]
-    ready, arrived = ctx.zeros(w, dtype=torch.int64), ctx.zeros(w, dtype=torch.int64)
-    ctx.barrier()                                       # flags are zero everywhere before anyone signals
+    def launch():
+        trident.ops.matmul(p.A, p.B_local, out=p.block)          # 1. the whole GEMM, into my block of C
+        all_scatter_kernel[(min(p.sms, p.tiles),)](                # 2. then my block into every peer's C
+            p.block, p.M, p.n, p.block.stride(0), p.state, p.ready, p.arrived, p.ctx.rank, p.ctx.world_size,
+            p.ctx.heap_bases, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, GROUP_M=8, WORLD_BLOCK=p.world_block)
 
-    block = C[:, ctx.rank * n:(ctx.rank + 1) * n]
-    tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(n, BLOCK_N)
-    sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count if big else 4
-    for _ in range(2):  # twice on the same buffers: the epochs keep the flags right
-        C.fill_(float("nan"))
-        ctx.barrier()
-        trident.ops.matmul(A, B_local, out=block)          # 1. the whole GEMM, into my block of C
-        all_scatter_kernel[(min(sms, tiles),)](             # 2. then my block into every peer's C
-            block, M, n, block.stride(0), state, ready, arrived, ctx.rank, w, ctx.heap_bases,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, GROUP_M=8, WORLD_BLOCK=triton.next_power_of_2(w))
-        ctx.barrier()
-    torch.testing.assert_close(C, (A.float() @ B.float()).to(dtype), rtol=2e-2, atol=2e-2)
-    print(f"rank {ctx.rank}: bulk_synchronous GEMM + all-scatter of {M}x{N}x{K} matches torch")
-    ctx.close()
+    problem.run_twice(p, launch)
+    problem.check_and_close(p, "bulk_synchronous")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,7 @@ after another, so a program may only wait for lower ids. On a GPU all programs o
     trident run -n 2 examples/gemm_all_scatter_workgroup_specialized.py
     trident run -n 8 examples/gemm_all_scatter_workgroup_specialized.py --m 8192 --n 4608 --k 36864   # GPUs
 """
-import argparse
-
+import _gemm_all_scatter_problem as problem
 import torch
 import triton
 import triton.language as tl
@@ -65,46 +64,21 @@ def gemm_all_scatter_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, 
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--m", type=int, default=48)
-    parser.add_argument("--n", type=int, default=0, help="columns of C on all ranks (default 24 per rank)")
-    parser.add_argument("--k", type=int, default=40)
-    args = parser.parse_args()
-    ctx = trident.init(heap_size=1 << 26 if trident.config.BACKEND == "sim" else 4 << 30)
-    w = ctx.world_size
-    M, K, N = args.m, args.k, args.n or 24 * w
-    n = N // w
-    dtype = torch.float16
-    big = ctx.backend == "cuda"
-    BLOCK_M, BLOCK_N, BLOCK_K = (128, 128, 64) if big else (16, 16, 16)
+    p = problem.setup(__doc__)
+    BLOCK_M, BLOCK_N, BLOCK_K = p.tile
+    flags = p.ctx.zeros(p.tiles, dtype=torch.int64)  # local: only this rank's programs use them
+    comm_programs = 16 if p.on_gpu else 2
+    gemm_programs = min(p.sms - comm_programs, p.tiles)
 
-    # The same A on every rank (same seed); B_r is rank r's column block of one B.
-    gen = torch.Generator().manual_seed(0)
-    A = torch.randn(M, K, generator=gen).to(dtype).to(ctx.device)
-    B = torch.randn(K, N, generator=gen).to(dtype).to(ctx.device)
-    B_local = B[:, ctx.rank * n:(ctx.rank + 1) * n].contiguous()
-    C = ctx.empty(M, N, dtype=dtype)                    # peers store into it: on the heap
-    state = ctx.zeros(8, dtype=torch.int64)             # [epoch, finish ticket]
-    ready, arrived = ctx.zeros(w, dtype=torch.int64), ctx.zeros(w, dtype=torch.int64)
-    ctx.barrier()                                       # flags are zero everywhere before anyone signals
-
-    block = C[:, ctx.rank * n:(ctx.rank + 1) * n]
-    tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(n, BLOCK_N)
-    flags = ctx.zeros(tiles, dtype=torch.int64)
-    sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count if big else 4
-    comm_programs = 16 if big else 2
-    gemm_programs = min(sms - comm_programs, tiles)
-    for _ in range(2):  # twice on the same buffers: the epochs keep the flags right
-        C.fill_(float("nan"))
-        ctx.barrier()
+    def launch():
         gemm_all_scatter_kernel[(gemm_programs + comm_programs,)](
-            A, B_local, block, M, n, K, A.stride(0), A.stride(1), B_local.stride(0), B_local.stride(1),
-            block.stride(0), gemm_programs, state, ready, arrived, flags, ctx.rank, w, ctx.heap_bases,
-            BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=8, WORLD_BLOCK=triton.next_power_of_2(w))
-        ctx.barrier()
-    torch.testing.assert_close(C, (A.float() @ B.float()).to(dtype), rtol=2e-2, atol=2e-2)
-    print(f"rank {ctx.rank}: workgroup_specialized GEMM + all-scatter of {M}x{N}x{K} matches torch")
-    ctx.close()
+            p.A, p.B_local, p.block, p.M, p.n, p.K, p.A.stride(0), p.A.stride(1), p.B_local.stride(0),
+            p.B_local.stride(1), p.block.stride(0), gemm_programs, p.state, p.ready, p.arrived, flags, p.ctx.rank,
+            p.ctx.world_size, p.ctx.heap_bases, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=8,
+            WORLD_BLOCK=p.world_block)
+
+    problem.run_twice(p, launch)
+    problem.check_and_close(p, "workgroup_specialized")
 
 
 if __name__ == "__main__":
