@@ -18,7 +18,7 @@ import triton
 
 from ..ccl.workspace import workspace as _ccl_workspace
 from ..errors import NotSymmetricError
-from .matmul import DTYPES, MatmulConfig
+from .matmul import MatmulConfig, check_matrices
 
 
 class SyncState:
@@ -69,20 +69,7 @@ def check_operands(ctx, where: str, config, symmetric: tuple[str, ...] = (), **t
 
         check_operands(ctx, f"rank {ctx.rank}: all_gather_gemm", None, ("A_local",), A_local=A, B=B, C=C)
     """
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 2:
-            raise ValueError(f"{where}: {name} must be 2-D, got shape {tuple(t.shape)}")
-        if t.dtype not in DTYPES:
-            raise ValueError(f"{where}: {name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
-        if t.device != ctx.device:
-            raise ValueError(f"{where}: {name} is on {t.device}, expected {ctx.device}")
-        if not t.is_contiguous():
-            raise ValueError(f"{where}: {name} must be contiguous (call .contiguous())")
-    if len({t.dtype for t in tensors.values()}) > 1:
-        listing = ", ".join(f"{name}: {t.dtype}" for name, t in tensors.items())
-        raise ValueError(f"{where}: {', '.join(tensors)} must share one dtype, got {listing}")
+    check_matrices(where, ctx.device, True, **tensors)
     for name in symmetric:
         if not ctx.is_symmetric(tensors[name]):
             raise NotSymmetricError(f"{where}: {name} must be a symmetric tensor (peers access it): allocate it "

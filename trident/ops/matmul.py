@@ -186,19 +186,35 @@ def num_programs(device: torch.device, tiles: int, cfg: MatmulConfig) -> int:
     return max(1, min(tiles, cfg.programs or sm_count(device)))
 
 
+def check_matrices(where: str, device: torch.device | None = None, contiguous: bool = False, **tensors) -> None:
+    """Raise a clear error unless every tensor is a 2-D torch.Tensor of one supported dtype, all on
+    one device (``device`` when given), and contiguous when asked.
+
+    Example::
+
+        check_matrices("matmul", A=A, B=B)
+    """
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{where}: {name} must be 2-D, got shape {tuple(t.shape)}")
+        if t.dtype not in DTYPES:
+            raise ValueError(f"{where}: {name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
+        if device is not None and t.device != device:
+            raise ValueError(f"{where}: {name} is on {t.device}, expected {device}")
+        if contiguous and not t.is_contiguous():
+            raise ValueError(f"{where}: {name} must be contiguous (call .contiguous())")
+    for kind in ("dtype", "device"):
+        if len({getattr(t, kind) for t in tensors.values()}) > 1:
+            listing = ", ".join(f"{name}: {getattr(t, kind)}" for name, t in tensors.items())
+            verb = "share one dtype" if kind == "dtype" else "be on one device"
+            raise ValueError(f"{where}: {', '.join(tensors)} must {verb}, got {listing}")
+
+
 def check_operands(A: torch.Tensor, B: torch.Tensor, what: str) -> None:
     """Raise a clear error unless A (M x K) and B (K x N) are 2-D, on one device, of one supported dtype."""
-    for name, t in (("A", A), ("B", B)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{what}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 2:
-            raise ValueError(f"{what}: {name} must be 2-D, got shape {tuple(t.shape)}")
-        if t.dtype not in DTYPES:
-            raise ValueError(f"{what}: {name} has dtype {t.dtype}; supported: float16, bfloat16, float32")
-    if A.dtype != B.dtype:
-        raise ValueError(f"{what}: A and B must share one dtype, got {A.dtype} and {B.dtype}")
-    if A.device != B.device:
-        raise ValueError(f"{what}: A is on {A.device} but B on {B.device}")
+    check_matrices(what, A=A, B=B)
     if A.shape[1] != B.shape[0]:
         raise ValueError(f"{what}: K mismatch: A is {tuple(A.shape)} (M x K) but B is {tuple(B.shape)} (K x N)")
 
