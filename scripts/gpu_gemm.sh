@@ -61,7 +61,7 @@ from trident.ops.tiles import tile_coords, tile_offsets
 def ws_diag(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, gemm_programs, state_ptr, ready_ptr, arrived_ptr, flags_ptr,
             trace_ptr, rank, world_size, heap_bases, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
             GROUP_M: tl.constexpr, WORLD_BLOCK: tl.constexpr, SIGNAL: tl.constexpr, COMM: tl.constexpr,
-            WAIT_FLAGS: tl.constexpr, READY_EACH: tl.constexpr, FINISH: tl.constexpr):
+            WAIT_FLAGS: tl.constexpr, READY_EACH: tl.constexpr, FINISH: tl.constexpr, PLAIN_SPIN: tl.constexpr):
     pid = tl.program_id(0)
     epoch = G.enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     if pid < gemm_programs:
@@ -73,7 +73,12 @@ def ws_diag(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, gemm_programs, state_ptr,
         if not READY_EACH:
             G.wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
         for tile in tl.range(pid - gemm_programs, num_pid_m * num_pid_n, tl.num_programs(0) - gemm_programs):
-            if WAIT_FLAGS:
+            if PLAIN_SPIN:  # no timer, no abort word in host memory: a bare volatile spin, then a CTA barrier
+                seen = tl.load(flags_ptr + tile, volatile=True)
+                while seen < epoch:
+                    seen = tl.load(flags_ptr + tile, volatile=True)
+                tl.debug_barrier()
+            elif WAIT_FLAGS:
                 wait(flags_ptr + tile, epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
             pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
             offs, mask = tile_offsets(pid_m, pid_n, M, N, scm, 1, BLOCK_M, BLOCK_N)
@@ -108,9 +113,9 @@ for M, N, K in ((4096, 4096, 4096), (8192, 3584, 14336)):
         res[f"scatter alone grid={g}"] = t(lambda g=g: G.scatter_kernel[(g,)](C, M, N, C.stride(0), sync.state, sync.ready, sync.arrived, flags, sync.state, WAIT_FLAGS=False, TRACE=False, num_warps=8, **common))
     variants = {"all on": {}, "no comm": dict(COMM=False), "no flag wait": dict(WAIT_FLAGS=False), "ready once": dict(READY_EACH=False),
                 "no signal+no wait": dict(SIGNAL=False, WAIT_FLAGS=False), "no finish": dict(FINISH=False),
-                "no comm no finish": dict(COMM=False, FINISH=False)}
+                "no comm no finish": dict(COMM=False, FINISH=False), "plain spin": dict(PLAIN_SPIN=True)}
     for name, v in variants.items():
-        kw = dict(SIGNAL=True, COMM=True, WAIT_FLAGS=True, READY_EACH=True, FINISH=True); kw.update(v)
+        kw = dict(SIGNAL=True, COMM=True, WAIT_FLAGS=True, READY_EACH=True, FINISH=True, PLAIN_SPIN=False); kw.update(v)
         for comm in (16,):
             res[f"ws_diag {name}"] = t(lambda kw=kw, comm=comm: ws_diag[(132,)](a, b, C, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0), 132 - comm, sync.state, sync.ready, sync.arrived, flags, sync.state, BLOCK_K=cfg.BLOCK_K, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common, **kw))
     for k, v in res.items(): print(f"{M}x{N}x{K} {k:32s} {v:9.3f} ms", flush=True)
