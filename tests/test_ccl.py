@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 import trident
-from tests.conftest import get_pool
+from tests.conftest import POOL_KWARGS, get_pool
 from trident import ccl
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32]
@@ -712,3 +712,18 @@ def test_cuda_graph_capture(world_pool):
     if results[0] == "skipped":
         pytest.skip("CUDA graphs need the cuda backend")
     assert results == [[]] * world_pool.world_size, results
+
+
+@pytest.mark.parametrize("world", [5, 6])
+def test_every_collective_back_to_back_at_5_and_6_ranks(world):
+    """World sizes that are neither 2, 3 nor 4 (odd, and not a power of two): the whole chain once.
+    Its own pool, closed at the end, so that 11 more rank processes do not stay up for the session."""
+    from trident.testing import RankPool
+
+    pool = RankPool(world, **POOL_KWARGS)
+    try:
+        results = pool.run(_chain_body, "plain")
+    finally:
+        pool.close()
+    assert [problems for problems, _ in results] == [[]] * world, results
+    assert len(results[0][1]) == 8
