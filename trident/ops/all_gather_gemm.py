@@ -124,8 +124,8 @@ def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor
     # must be resident at once: at most one program per SM on a GPU.
     blocks = ctx.world_size * triton.cdiv(m, cfg.BLOCK_M)
     flags = sync.tile_flags(blocks)
-    comm = min(comm_programs or (16 if ctx.device.type == "cuda" else 2), blocks)
     programs = min(programs, sms) if ctx.device.type == "cuda" else programs
+    comm = max(1, min(comm_programs or (16 if ctx.device.type == "cuda" else 2), blocks, programs - 1))
     gemm_programs = max(1, min(tiles, programs - comm))
     a_full = torch.empty(M, K, dtype=A_local.dtype, device=ctx.device)
     kernels.gather_gemm_kernel[(comm + gemm_programs,)](

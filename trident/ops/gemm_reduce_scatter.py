@@ -122,8 +122,8 @@ def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, 
     # workgroup_specialized: reducers wait for GEMM programs of the same launch, so all must be
     # resident at once: at most one program per SM on a GPU.
     flags = sync.tile_flags(ctx.world_size * per_shard)
-    comm = min(comm_programs or (16 if ctx.device.type == "cuda" else 2), per_shard)
     programs = min(programs, sms) if ctx.device.type == "cuda" else programs
+    comm = max(1, min(comm_programs or (16 if ctx.device.type == "cuda" else 2), per_shard, programs - 1))
     gemm_programs = max(1, min(ctx.world_size * per_shard, programs - comm))
     kernels.push_reduce_kernel[(gemm_programs + comm,)](
         *gemm_args[:3], C, *gemm_args[3:], gemm_programs, sync.state, sync.ready, sync.arrived, flags, trace_ptr,
