@@ -23,6 +23,9 @@ from .workspace import MAX_PROGRAMS, workspace
 OPS = {"sum": "sum", "max": "max", "min": "min"}
 _REDUCE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min"}
 ALGORITHMS = ("one_shot", "two_shot", "auto")
+#: The workspace buffer that stages inputs not on the heap. A caller that fills
+#: ``input_stage(ctx, numel, dtype)`` itself and passes it as the input saves a heap buffer and a copy.
+INPUT_STAGE = "input"
 #: all_reduce "auto" uses one_shot up to this many bytes, two_shot above (see docs/collectives.md).
 ONE_SHOT_MAX_BYTES = 256 * 1024
 
@@ -117,6 +120,20 @@ def _on_heap(ctx, t: torch.Tensor, name: str, copy_in: bool) -> torch.Tensor:
     return stage
 
 
+def input_stage(ctx, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """The heap buffer the collectives stage a plain input in (``numel`` elements, flat; collective:
+    every rank asks for the same size). Writing an input straight into it, then passing it to a
+    collective, saves the staging copy and a second heap buffer of that size.
+
+    Example::
+
+        partial = trident.ccl.api.input_stage(ctx, M * N, torch.bfloat16).view(M, N)
+        torch.matmul(A, B, out=partial)
+        trident.ccl.reduce_scatter(ctx, out, partial)
+    """
+    return workspace(ctx).buffer(INPUT_STAGE, numel, dtype)
+
+
 def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
     """Gather every rank's ``inp`` into ``out`` along dim 0, like ``all_gather_into_tensor``.
 
@@ -137,7 +154,7 @@ def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"rank {ctx.rank}: all_gather: out has {out.numel()} elements, expected world_size x "
                          f"inp = {ctx.world_size} x {inp.numel()} (inp shape {tuple(inp.shape)})")
     agree_in_debug(ctx, "all_gather", tuple(inp.shape), inp.dtype)
-    source = _on_heap(ctx, inp, "input", copy_in=True)
+    source = _on_heap(ctx, inp, INPUT_STAGE, copy_in=True)
     _launch(ctx, kernels.all_gather_kernel, inp.numel(), source, out, inp.numel(), BLOCK=_block(ctx, inp.numel()))
     return out
 
@@ -156,7 +173,7 @@ def reduce_scatter(ctx, out: torch.Tensor, inp: torch.Tensor, op="sum") -> torch
         raise ValueError(f"rank {ctx.rank}: reduce_scatter: inp has {inp.numel()} elements, expected world_size x "
                          f"out = {ctx.world_size} x {out.numel()}")
     agree_in_debug(ctx, "reduce_scatter", tuple(inp.shape), inp.dtype, name)
-    source = _on_heap(ctx, inp, "input", copy_in=True)
+    source = _on_heap(ctx, inp, INPUT_STAGE, copy_in=True)
     _launch(ctx, kernels.reduce_scatter_kernel, out.numel(), source, out, out.numel(), OP=name,
             ACC=_acc_dtype(inp.dtype), BLOCK=_block(ctx, out.numel()))
     return out
@@ -187,7 +204,7 @@ def all_reduce(ctx, tensor: torch.Tensor, op="sum", algorithm: str = "auto") -> 
         algorithm = "one_shot" if tensor.numel() * tensor.element_size() <= ONE_SHOT_MAX_BYTES else "two_shot"
     agree_in_debug(ctx, "all_reduce", tuple(tensor.shape), tensor.dtype, name, algorithm)
     n = tensor.numel()
-    x = _on_heap(ctx, tensor, "input", copy_in=True)
+    x = _on_heap(ctx, tensor, INPUT_STAGE, copy_in=True)
     scratch = workspace(ctx).buffer("scratch", n, tensor.dtype)
     acc, block = _acc_dtype(tensor.dtype), _block(ctx, n)
     if algorithm == "one_shot":
@@ -276,7 +293,7 @@ def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"rank {ctx.rank}: all_to_all: inp {tuple(inp.shape)} needs dim 0 divisible by "
                          f"world_size = {w}, and out {tuple(out.shape)} the same shape")
     rows = inp.shape[0] // w
-    source = _on_heap(ctx, inp, "input", copy_in=True)  # equal sizes everywhere: staging is collective
+    source = _on_heap(ctx, inp, INPUT_STAGE, copy_in=True)  # equal sizes everywhere: staging is collective
     return _all_to_all_rows(ctx, out, source, [rows] * w, [rows] * w, "all_to_all")
 
 
@@ -291,7 +308,7 @@ def broadcast(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
     if not isinstance(src, int) or not 0 <= src < ctx.world_size:
         raise ValueError(f"rank {ctx.rank}: broadcast: src={src!r} is not a rank (world size {ctx.world_size})")
     agree_in_debug(ctx, "broadcast", tuple(tensor.shape), tensor.dtype, src)
-    x = _on_heap(ctx, tensor, "input", copy_in=ctx.rank == src)
+    x = _on_heap(ctx, tensor, INPUT_STAGE, copy_in=ctx.rank == src)
     _launch(ctx, kernels.broadcast_kernel, tensor.numel(), x, tensor.numel(), src, BLOCK=_block(ctx, tensor.numel()))
     if x is not tensor:
         tensor.copy_(x)

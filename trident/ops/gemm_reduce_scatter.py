@@ -24,7 +24,7 @@ import torch
 import triton
 
 from ..ccl import reduce_scatter
-from ..ccl.api import agree_in_debug
+from ..ccl.api import agree_in_debug, input_stage
 from ..ccl.workspace import workspace
 from . import grs_kernels as kernels
 from .common import auto_pattern, check_operands, check_pattern, reduce_scatter_into, sync_state
@@ -93,14 +93,16 @@ def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, 
         reduce_scatter_into(C, torch.matmul(A, B))
         return C
     cfg = config or pick_config(M, N, K, A.dtype, ctx.backend, sm_count(ctx.device))
-    # The heap buffer: the partial product (bulk_synchronous) or W slots of m x N (the fused ones).
-    slots = workspace(ctx).buffer("gemm_reduce_scatter.slots", M * N, A.dtype).view(M, N)
-    if K == 0:
-        slots.zero_()  # a zero partial: the reduction below still runs, so ranks stay in step
     if pattern == "bulk_synchronous":
+        # The partial product goes straight into the collectives' input buffer: no second copy on the heap.
+        partial = input_stage(ctx, M * N, A.dtype).view(M, N)
         if K:
-            launch_matmul(A, B, slots, cfg)
-        return reduce_scatter(ctx, C, slots)
+            launch_matmul(A, B, partial, cfg)
+        else:
+            partial.zero_()
+        return reduce_scatter(ctx, C, partial)
+    # W slots of m x N: rank s stores its partial of my rows into my slots[s].
+    slots = workspace(ctx).buffer("gemm_reduce_scatter.slots", M * N, A.dtype).view(M, N)
     sync = sync_state(ctx)
     trace_ptr = sync.state if trace is None else getattr(trace, "ptr", trace)
     a, b, use_tma = operands(A, B, cfg) if K else (A, B, False)
