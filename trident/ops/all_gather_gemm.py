@@ -20,8 +20,7 @@ import torch
 import triton
 
 from ..ccl import all_gather
-from ..ccl.api import agree_in_debug
-from ..ccl.workspace import workspace
+from ..ccl.api import agree_in_debug, input_stage
 from . import agg_kernels as kernels
 from .common import auto_pattern, check_operands, check_pattern, gather_into, sync_state
 from .matmul import MatmulConfig, matmul, pick_config, sm_count
@@ -100,8 +99,9 @@ def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor
         a_full = torch.empty(M, K, dtype=A_local.dtype, device=ctx.device)
         all_gather(ctx, a_full, A_local)
         return matmul(a_full, B, out=C, config=cfg)
-    # The staging buffer is taken on every rank all the same, so heap allocations stay in step.
-    stage = workspace(ctx).buffer("all_gather_gemm.A", A_local.numel(), A_local.dtype).view(A_local.shape)
+    # Peers read A_local: a plain one goes into the collectives' input buffer. It is taken on every
+    # rank all the same (whether used or not), so heap allocations stay in step.
+    stage = input_stage(ctx, A_local.numel(), A_local.dtype).view(A_local.shape)
     if ctx.is_symmetric(A_local):
         stage = A_local
     else:
