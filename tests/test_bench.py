@@ -207,6 +207,23 @@ def test_cli_bench_p2p_end_to_end(tmp_path):
     assert _png_ok(out / "p2p.png")
 
 
+def test_cli_bench_gemm_checks_and_plots(tmp_path):
+    out = tmp_path / "gemm"
+    proc = subprocess.run([sys.executable, "-m", "trident", "bench", "gemm", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": ROOT, "TRIDENT_BACKEND": "sim"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = harness.validate(json.loads((out / "gemm.json").read_text()))
+    assert record["meta"]["world_size"] == 1 and record["meta"]["command"].startswith("trident bench gemm -n 1")
+    shapes = {tuple(r["shape"]) for r in record["rows"]}
+    assert len(shapes) == 2
+    for shape in shapes:
+        rows = [r for r in record["rows"] if tuple(r["shape"]) == shape]
+        assert [r["impl"] for r in rows] == ["torch.matmul", "trident"] and rows[1]["table_config"]
+        assert rows[1]["rel_err_vs_torch"] < 2e-2 and rows[1]["ms"] > 0 and "error" not in rows[1]
+    assert _png_ok(out / "gemm.png")
+
+
 def test_nccl_reference_lines_never_use_nvlink_multicast():
     import trident.bench.all_access  # noqa: F401  (imports the harness, as every benchmark does)
 

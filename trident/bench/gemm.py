@@ -16,10 +16,9 @@ import os
 
 import torch
 
-import trident
 from trident.ops.matmul import MatmulConfig, matmul, pick_config, sm_count
 
-from . import harness
+from . import harness, plots
 
 PAPER_SHAPES = [(8192, 4608, 36864), (8192, 3584, 14336), (8192, 576, 36864), (8192, 448, 14336),
                 (4096, 4096, 4096), (4096, 4096, 16384)]
@@ -74,18 +73,19 @@ def bench_shape(M, N, K, dtype, device, configs, warmup, repeats) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> int:
-    """``trident bench gemm``: parse ``argv``, run, write the results (rank 0); returns the exit code."""
+def parse_args(argv=None) -> argparse.Namespace:
+    """The benchmark's arguments (``trident bench gemm --help``)."""
     parser = argparse.ArgumentParser(prog="trident bench gemm", description=__doc__)
     parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--shapes", default=None, help="MxNxK,MxNxK,... (default: the paper's shapes)")
     parser.add_argument("--sweep", action="store_true", help="also time the candidate configs")
     harness.add_common_args(parser, "gemm", warmup=5, repeats=30)
-    args = parser.parse_args(argv)
-    if int(os.environ.get("WORLD_SIZE", "1")) != 1:
-        raise SystemExit("trident bench gemm runs on one rank (trident bench gemm -n 1)")
+    return parser.parse_args(argv)
+
+
+def run(ctx, args) -> dict:
+    """torch.matmul, the table's config and (``--sweep``) the candidates on every shape; the record."""
     dtype = getattr(torch, args.dtype)
-    ctx = trident.init(heap_size=64 << 20)  # one rank: for the device, the metadata and the results record
     cuda, device = ctx.backend == "cuda", ctx.device
     if args.shapes:
         shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
@@ -101,8 +101,7 @@ def main(argv=None) -> int:
         shape_rows[1]["table_config"] = True
         rows += shape_rows
         best = max((r for r in shape_rows[1:] if "ms" in r), key=lambda r: r["tflops"], default=None)
-        torch_row = shape_rows[0]
-        line = f"{M}x{N}x{K}: torch {torch_row['tflops']:.0f} TFLOP/s"
+        line = f"{M}x{N}x{K}: torch {shape_rows[0]['tflops']:.0f} TFLOP/s"
         if "ms" in shape_rows[1]:
             line += f" | table config {shape_rows[1]['tflops']:.0f} ({100 * shape_rows[1]['vs_torch']:.1f}%)"
         if best is not None and args.sweep:
@@ -110,9 +109,34 @@ def main(argv=None) -> int:
         print(line, flush=True)
     record = harness.new_record(ctx, "gemm", {k: v for k, v in vars(args).items() if k != "no_progress"})
     record["rows"] = rows
+    return record
+
+
+def report(record: dict, out: str) -> list[str]:
+    """Write the JSON and ``gemm.png`` (TFLOP/s per shape: torch, the table's config, the sweep's
+    best) into ``out``; returns the files written."""
+    files = [harness.write_results(record, out)]
     print(harness.header(record))
-    print(f"wrote {harness.write_results(record, args.out)}")
-    ctx.close()
+    bars = []
+    for shape in dict.fromkeys(tuple(r["shape"]) for r in record["rows"]):
+        rows = [r for r in record["rows"] if tuple(r["shape"]) == shape and "ms" in r]
+        label = "x".join(map(str, shape))
+        timed = [r for r in rows if r["impl"] == "trident"]
+        picks = [("torch.matmul", next((r for r in rows if r["impl"] == "torch.matmul"), None)),
+                 ("trident, table config", next((r for r in timed if r.get("table_config")), None)),
+                 ("trident, best config", max(timed, key=lambda r: r["tflops"], default=None))]
+        bars += [{"shape": label, "impl": name, "tflops": r["tflops"]} for name, r in picks if r is not None]
+    png = plots.bars(dict(record, rows=bars), os.path.join(out, "gemm.png"), "shape", "impl", "tflops",
+                     "TFLOP/s", "trident.ops.matmul against torch.matmul")
+    return files + ([png] if png else [])
+
+
+def main(argv=None) -> int:
+    """``trident bench gemm``: parse ``argv``, run, write the results; returns the exit code."""
+    args = parse_args(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) != 1:
+        raise SystemExit("trident bench gemm runs on one rank (trident bench gemm -n 1)")
+    harness.run_benchmark(args, run, report, 64 << 20)  # one rank: the device, the metadata, the record
     return 0
 
 
