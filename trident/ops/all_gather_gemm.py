@@ -22,8 +22,8 @@ import triton
 from ..ccl import all_gather
 from ..ccl.api import agree_in_debug, input_stage
 from . import agg_kernels as kernels
-from .common import auto_pattern, check_operands, check_pattern, gather_into, sync_state
-from .matmul import MatmulConfig, matmul, pick_config, sm_count
+from .common import auto_pattern, check_operands, check_pattern, gather_into, split_roles, sync_state
+from .matmul import MatmulConfig, matmul, num_programs, pick_config, sm_count
 
 PATTERNS = ("bulk_synchronous", "fused_sequential", "workgroup_specialized", "baseline", "auto")
 
@@ -34,7 +34,7 @@ AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {}
 
 def _check(ctx, A_local, B, C, pattern, config, comm_programs) -> None:
     where = f"rank {ctx.rank}: all_gather_gemm"
-    check_pattern(ctx, where, pattern, PATTERNS)
+    check_pattern(ctx, where, pattern, PATTERNS, comm_programs)
     check_operands(ctx, where, config, A_local=A_local, B=B, C=C)
     if A_local.shape[1] != B.shape[0]:
         raise ValueError(f"{where}: K mismatch: A_local is {tuple(A_local.shape)} (M/world_size x K) but B is "
@@ -42,12 +42,10 @@ def _check(ctx, A_local, B, C, pattern, config, comm_programs) -> None:
     want = (ctx.world_size * A_local.shape[0], B.shape[1])
     if tuple(C.shape) != want:
         raise ValueError(f"{where}: C is {tuple(C.shape)}; expected (world_size * A_local rows, N) = {want}")
-    if comm_programs is not None and not (isinstance(comm_programs, int) and comm_programs >= 1):
-        raise ValueError(f"{where}: comm_programs={comm_programs!r} must be a positive int")
     # Peers find A_local at my offset: every rank must pass the same heap tensor (or a plain one).
     placement = ctx.heap_offset(A_local) if ctx.is_symmetric(A_local) else "not on the heap"
     agree_in_debug(ctx, "all_gather_gemm", tuple(A_local.shape), tuple(B.shape), A_local.dtype, pattern,
-           f"A_local at heap offset {placement}")
+                   f"A_local at heap offset {placement}")
 
 
 def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor, pattern: str = "auto",
@@ -107,26 +105,21 @@ def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor
     else:
         stage.copy_(A_local)
     sync = sync_state(ctx)
-    trace_ptr = sync.state if trace is None else getattr(trace, "ptr", trace)
+    trace_ptr = sync.trace_ptr(trace)
     common = dict(rank=ctx.rank, world_size=ctx.world_size, heap_bases=ctx.heap_bases, BLOCK_M=cfg.BLOCK_M,
                   BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
                   WORLD_BLOCK=triton.next_power_of_2(ctx.world_size), TRACE=trace is not None,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     tiles = ctx.world_size * triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
-    sms = sm_count(ctx.device)
-    programs = cfg.programs or sms
     if pattern == "fused_sequential":
-        kernels.pull_kernel[(max(1, min(tiles, programs)),)](
+        kernels.pull_kernel[(num_programs(ctx.device, tiles, cfg),)](
             stage, B, C, m, N, K, stage.stride(0), stage.stride(1), B.stride(0), B.stride(1), C.stride(0),
             sync.state, sync.ready, sync.arrived, trace_ptr, **common)
         return C
-    # workgroup_specialized: GEMM programs wait for gather programs of the same launch, so all
-    # must be resident at once: at most one program per SM on a GPU.
+    # workgroup_specialized: the GEMM programs wait for the gather programs of the same launch.
     blocks = ctx.world_size * triton.cdiv(m, cfg.BLOCK_M)
     flags = sync.tile_flags(blocks)
-    programs = min(programs, sms) if ctx.device.type == "cuda" else programs
-    comm = max(1, min(comm_programs or (16 if ctx.device.type == "cuda" else 2), blocks, programs - 1))
-    gemm_programs = max(1, min(tiles, programs - comm))
+    gemm_programs, comm = split_roles(ctx, cfg, comm_programs, comm_work=blocks, other_work=tiles)
     a_full = torch.empty(M, K, dtype=A_local.dtype, device=ctx.device)
     kernels.gather_gemm_kernel[(comm + gemm_programs,)](
         stage, a_full, B, C, m, N, K, stage.stride(0), stage.stride(1), B.stride(0), B.stride(1), C.stride(0),

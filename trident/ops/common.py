@@ -18,7 +18,7 @@ import triton
 
 from ..ccl.workspace import workspace as _ccl_workspace
 from ..errors import NotSymmetricError
-from .matmul import MatmulConfig, check_matrices
+from .matmul import MatmulConfig, check_matrices, sm_count
 
 
 class SyncState:
@@ -50,6 +50,10 @@ class SyncState:
             self.ctx.free(self.flags)
             self.flags = self.ctx.zeros(triton.next_power_of_2(tiles), dtype=torch.int64)
         return self.flags
+
+    def trace_ptr(self, trace) -> torch.Tensor:
+        """What a kernel's ``trace_ptr`` gets: the trace's buffer, or (tracing off, never written) the state."""
+        return self.state if trace is None else getattr(trace, "ptr", trace)
 
 
 def sync_state(ctx) -> SyncState:
@@ -83,13 +87,36 @@ def check_operands(ctx, where: str, config, symmetric: tuple[str, ...] = (), **t
                 raise ValueError(f"{where}: config.{name}={v} must be a power of two >= 16")
 
 
-def check_pattern(ctx, where: str, pattern: str, patterns: tuple[str, ...]) -> None:
-    """Raise unless ``pattern`` is one of ``patterns`` and can run here (the NCCL baseline needs a GPU per rank)."""
+def check_pattern(ctx, where: str, pattern: str, patterns: tuple[str, ...], comm_programs=None) -> None:
+    """Raise unless ``pattern`` is one of ``patterns`` and can run here (the NCCL baseline needs a GPU
+    per rank), and ``comm_programs`` is None or a positive int."""
     if pattern not in patterns:
         raise ValueError(f"{where}: pattern={pattern!r} is not one of {patterns}")
     if pattern == "baseline" and shares_gpus(ctx):
         raise ValueError(f"{where}: pattern='baseline' needs one GPU per rank (NCCL cannot place "
                          f"{ctx.world_size} ranks on {torch.cuda.device_count()} GPU(s))")
+    if comm_programs is not None and not (isinstance(comm_programs, int) and comm_programs >= 1):
+        raise ValueError(f"{where}: comm_programs={comm_programs!r} must be a positive int")
+
+
+def comm_programs_or_default(ctx, comm_programs: int | None) -> int:
+    """``comm_programs``, else 16 on a GPU and 2 in the simulator (whose programs run one by one)."""
+    return comm_programs or (16 if ctx.device.type == "cuda" else 2)
+
+
+def split_roles(ctx, cfg: MatmulConfig, comm_programs: int | None, comm_work: int, other_work: int) -> tuple[int, int]:
+    """``(other, comm)``: how many programs of a ``workgroup_specialized`` launch do the GEMM side
+    and the communication side. One side waits for the other in the same launch, so on a GPU all
+    programs must be resident at once: at most one per SM in all, and at least one of each.
+
+    Example::
+
+        gemm_programs, comm = split_roles(ctx, cfg, None, comm_work=blocks, other_work=tiles)
+    """
+    sms = sm_count(ctx.device)
+    programs = min(cfg.programs or sms, sms) if ctx.device.type == "cuda" else cfg.programs or sms
+    comm = max(1, min(comm_programs_or_default(ctx, comm_programs), comm_work, programs - 1))
+    return max(1, min(other_work, programs - comm)), comm
 
 
 def shares_gpus(ctx) -> bool:

@@ -25,7 +25,7 @@ import triton
 
 from ..ccl.api import agree_in_debug
 from . import gas_kernels as kernels
-from .common import auto_pattern, check_operands, check_pattern, gather_into, sync_state
+from .common import auto_pattern, check_operands, check_pattern, comm_programs_or_default, gather_into, sync_state
 from .matmul import MatmulConfig, launch_matmul, operands, pick_config, sm_count
 
 PATTERNS = ("bulk_synchronous", "producer_consumer", "fused_sequential", "workgroup_specialized", "baseline", "auto")
@@ -39,7 +39,7 @@ AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {}
 def _check(ctx, A, B_local, C, pattern, config, comm_programs) -> None:
     """Every argument problem, raised before anything runs (the message names the rank)."""
     where = f"rank {ctx.rank}: gemm_all_scatter"
-    check_pattern(ctx, where, pattern, PATTERNS)
+    check_pattern(ctx, where, pattern, PATTERNS, comm_programs)
     check_operands(ctx, where, config, ("C",), A=A, B_local=B_local, C=C)
     if A.shape[1] != B_local.shape[0]:
         raise ValueError(f"{where}: K mismatch: A is {tuple(A.shape)} (M x K) but B_local is "
@@ -49,11 +49,9 @@ def _check(ctx, A, B_local, C, pattern, config, comm_programs) -> None:
         raise ValueError(f"{where}: C is {tuple(C.shape)}; expected (M, world_size * N_local) = "
                          f"({A.shape[0]}, {w} * {B_local.shape[1]}): N must be divisible by world_size {w} and "
                          f"every rank's B_local must hold N / world_size columns")
-    if comm_programs is not None and not (isinstance(comm_programs, int) and comm_programs >= 1):
-        raise ValueError(f"{where}: comm_programs={comm_programs!r} must be a positive int")
     # Peers store into C at my offset: every rank must pass the same heap tensor.
     agree_in_debug(ctx, "gemm_all_scatter", tuple(A.shape), tuple(B_local.shape), A.dtype, pattern,
-           f"C at heap offset {ctx.heap_offset(C)}")
+                   f"C at heap offset {ctx.heap_offset(C)}")
 
 
 def choose_pattern(ctx, M: int, N: int, K: int) -> str:
@@ -123,9 +121,9 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
     block = C[:, ctx.rank * n_local:(ctx.rank + 1) * n_local]  # my column block: same offsets on every rank
     tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(n_local, cfg.BLOCK_N)
     flags = sync.tile_flags(tiles)
-    trace_ptr = sync.state if trace is None else getattr(trace, "ptr", trace)
+    trace_ptr = sync.trace_ptr(trace)
     programs = cfg.programs or sms
-    comm = comm_programs or (16 if ctx.device.type == "cuda" else 2)
+    comm = comm_programs_or_default(ctx, comm_programs)
     common = dict(rank=ctx.rank, heap_bases=ctx.heap_bases, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
                   GROUP_M=cfg.GROUP_M, TRACE=trace is not None)
     world = dict(world_size=ctx.world_size, WORLD_BLOCK=triton.next_power_of_2(ctx.world_size))

@@ -27,8 +27,8 @@ from ..ccl import reduce_scatter
 from ..ccl.api import agree_in_debug, input_stage
 from ..ccl.workspace import workspace
 from . import grs_kernels as kernels
-from .common import auto_pattern, check_operands, check_pattern, reduce_scatter_into, sync_state
-from .matmul import MatmulConfig, launch_matmul, operands, pick_config, sm_count
+from .common import auto_pattern, check_operands, check_pattern, reduce_scatter_into, split_roles, sync_state
+from .matmul import MatmulConfig, launch_matmul, num_programs, operands, pick_config, sm_count
 
 PATTERNS = ("bulk_synchronous", "fused_sequential", "workgroup_specialized", "baseline", "auto")
 
@@ -39,7 +39,7 @@ AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {}
 
 def _check(ctx, A, B, C, pattern, config, comm_programs) -> None:
     where = f"rank {ctx.rank}: gemm_reduce_scatter"
-    check_pattern(ctx, where, pattern, PATTERNS)
+    check_pattern(ctx, where, pattern, PATTERNS, comm_programs)
     check_operands(ctx, where, config, A=A, B=B, C=C)
     if A.shape[1] != B.shape[0]:
         raise ValueError(f"{where}: K mismatch: A is {tuple(A.shape)} (M x K_local) but B is {tuple(B.shape)} "
@@ -50,8 +50,6 @@ def _check(ctx, A, B, C, pattern, config, comm_programs) -> None:
     want = (A.shape[0] // w, B.shape[1])
     if tuple(C.shape) != want:
         raise ValueError(f"{where}: C is {tuple(C.shape)}; expected (M / world_size, N) = {want}")
-    if comm_programs is not None and not (isinstance(comm_programs, int) and comm_programs >= 1):
-        raise ValueError(f"{where}: comm_programs={comm_programs!r} must be a positive int")
     agree_in_debug(ctx, "gemm_reduce_scatter", tuple(A.shape), tuple(B.shape), A.dtype, pattern)
 
 
@@ -104,30 +102,26 @@ def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, 
     # W slots of m x N: rank s stores its partial of my rows into my slots[s].
     slots = workspace(ctx).buffer("gemm_reduce_scatter.slots", M * N, A.dtype).view(M, N)
     sync = sync_state(ctx)
-    trace_ptr = sync.state if trace is None else getattr(trace, "ptr", trace)
+    trace_ptr = sync.trace_ptr(trace)
     a, b, use_tma = operands(A, B, cfg) if K else (A, B, False)
     common = dict(rank=ctx.rank, world_size=ctx.world_size, heap_bases=ctx.heap_bases, BLOCK_M=cfg.BLOCK_M,
                   BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, USE_TMA=use_tma,
                   WORLD_BLOCK=triton.next_power_of_2(ctx.world_size), TRACE=trace is not None,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     gemm_args = (a, b, slots, m, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1))
-    per_shard = triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
-    sms = sm_count(ctx.device)
-    programs = cfg.programs or sms
+    per_shard = triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)  # my tiles, and each peer's of me
+    tiles = ctx.world_size * per_shard
     if pattern == "fused_sequential":
-        kernels.push_kernel[(max(1, min(ctx.world_size * per_shard, programs)),)](
+        sms = sm_count(ctx.device)
+        kernels.push_kernel[(num_programs(ctx.device, tiles, cfg),)](
             *gemm_args, sync.state, sync.ready, sync.arrived, trace_ptr, **common)
         block = 1024
         kernels.reduce_slots_kernel[(max(1, min(triton.cdiv(m * N, block), 4 * sms)),)](
             slots, C, m, N, ctx.world_size, BLOCK=block, num_warps=4)
         return C
-    # workgroup_specialized: reducers wait for GEMM programs of the same launch, so all must be
-    # resident at once: at most one program per SM on a GPU.
-    flags = sync.tile_flags(ctx.world_size * per_shard)
-    programs = min(programs, sms) if ctx.device.type == "cuda" else programs
-    comm = max(1, min(comm_programs or (16 if ctx.device.type == "cuda" else 2), per_shard, programs - 1))
-    gemm_programs = max(1, min(ctx.world_size * per_shard, programs - comm))
+    # workgroup_specialized: the reducers wait for the GEMM programs of every rank's launch.
+    flags = sync.tile_flags(tiles)
+    gemm_programs, comm = split_roles(ctx, cfg, comm_programs, comm_work=per_shard, other_work=tiles)
     kernels.push_reduce_kernel[(gemm_programs + comm,)](
-        *gemm_args[:3], C, *gemm_args[3:], gemm_programs, sync.state, sync.ready, sync.arrived, flags, trace_ptr,
-        **common)
+        *gemm_args, C, gemm_programs, sync.state, sync.ready, sync.arrived, flags, trace_ptr, **common)
     return C

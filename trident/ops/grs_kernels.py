@@ -88,7 +88,7 @@ def reduce_slots_kernel(slots, c, m, N, world_size, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def push_reduce_kernel(a, b, slots, c, m, N, K, stride_am, stride_ak, stride_bk, stride_bn, gemm_programs,
+def push_reduce_kernel(a, b, slots, m, N, K, stride_am, stride_ak, stride_bk, stride_bn, c, gemm_programs,
                        state_ptr, ready_ptr, arrived_ptr, flags_ptr, trace_ptr, rank, world_size, heap_bases,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                        USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr, TRACE: tl.constexpr = False):
