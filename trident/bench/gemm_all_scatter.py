@@ -14,20 +14,20 @@ is the cost of the communication machinery itself. Ranks sharing a GPU check cor
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 
 import trident
-from trident.ops import PATTERNS, MatmulConfig
+from trident.ops import PATTERNS
+from trident.ops.common import shares_gpus
 from trident.ops.matmul import matmul
 
-from . import harness, plots
+from . import harness
+from .fused_ops import SIM_CONFIG, check_and_time, record_timeline, report, shape_rows
 
 GPU_SHAPES = [(8192, 4608, 36864), (8192, 3584, 14336), (4096, 4096, 4096), (4096, 8192, 8192)]
 SIM_SHAPES = [(32, 32, 32)]
-SIM_CONFIG = MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, num_warps=4, num_stages=1)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -43,10 +43,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _err(C: torch.Tensor, want: torch.Tensor) -> float:
-    return float((C.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
-
-
 def run(ctx, args) -> dict:
     """Time every pattern on every shape (collective); returns the record on every rank."""
     dtype = getattr(torch, args.dtype)
@@ -54,7 +50,7 @@ def run(ctx, args) -> dict:
     shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes
               else GPU_SHAPES if ctx.backend == "cuda" else SIM_SHAPES)
     patterns = [p for p in args.patterns.split(",") if p]
-    with_baseline = not (ctx.backend == "cuda" and harness.gpu_count(ctx) < w)
+    with_baseline = not shares_gpus(ctx)  # NCCL needs a GPU per rank
     config = None if ctx.backend == "cuda" else SIM_CONFIG
     record = harness.new_record(ctx, "gemm-all-scatter", {k: v for k, v in vars(args).items() if k != "no_progress"})
     for M, N, K in shapes:
@@ -88,71 +84,6 @@ def _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline, config) -> l
     ctx.free(C)
     return shape_rows(f"{M}x{N}x{K}", 2.0 * M * N * K, times,
                       trident.ops.choose_pattern(ctx, M, N, K) if "auto" in times else None)
-
-
-def check_and_time(ctx, args, calls: dict, out: torch.Tensor, want: torch.Tensor, label: str, on_call=None) -> dict:
-    """Time every call (collective): ``gemm`` (the reference) as it is, every other one after a
-    checked run (``out`` poisoned with NaN first, then compared with ``want``). ``on_call(name)``
-    runs after each pattern is timed (the timelines). Returns ``{name: ms, max over ranks}``."""
-    times = {}
-    for name, fn in harness.progress(list(calls.items()), ctx, args, label):
-        ctx.barrier()
-        if name != "gemm":
-            out.fill_(float("nan"))
-            ctx.barrier()
-            fn()
-            ctx.barrier()
-            err = _err(out, want)
-            if not err < 2e-2:
-                raise RuntimeError(f"rank {ctx.rank}: {name} on {label}: relative error {err:.3g}")
-            ctx.barrier()
-        times[name] = harness.max_over_ranks(ctx, harness.time_ms(ctx, fn, args.warmup, args.repeats))
-        if on_call is not None and name not in ("gemm", "baseline", "auto"):
-            on_call(name)
-    return times
-
-
-def shape_rows(shape: str, flops: float, times: dict, chosen: str | None) -> list[dict]:
-    """The record's rows for one shape: time, TFLOP/s, speedup over ``baseline``, time over ``gemm``."""
-    return [{"shape": shape, "pattern": name, "time_ms": ms, "tflops": flops / ms / 1e9,
-             "vs_gemm": ms / times["gemm"], "speedup": times["baseline"] / ms if "baseline" in times else None,
-             "gemm_ms": times["gemm"], "exposed_comm_ms": max(ms - times["gemm"], 0.0),
-             "chosen": chosen if name == "auto" else None}
-            for name, ms in times.items()]
-
-
-def record_timeline(ctx, args, run_traced, pattern: str, shape: str) -> None:
-    """One traced call, ``run_traced(trace)`` (collective): every rank's per-tile compute/comm/wait
-    events, written by rank 0 as ``timeline_{pattern}_{shape}.json`` (Perfetto) and ``.png``."""
-    import trident.trace
-
-    trace = trident.trace.Trace(ctx, capacity=1 << 16)
-    ctx.barrier()
-    run_traced(trace)
-    ctx.barrier()
-    trace.gather()
-    if ctx.rank == 0:
-        os.makedirs(args.out, exist_ok=True)
-        base = os.path.join(args.out, f"timeline_{pattern}_{shape}")
-        trace.to_chrome(base + ".json", title=f"{pattern} {shape}")
-        trace.plot(base + ".png", title=f"{pattern} {shape}, {ctx.world_size} rank(s)")
-    ctx.free(trace.tensor)
-
-
-def report(record: dict, out: str, name: str = "gemm_all_scatter", what: str = "GEMM + all-scatter") -> list[str]:
-    """Write the JSON and the plots (``{name}_speedup.png``, ``{name}_breakdown.png``) into ``out``
-    and print the table; returns the files written."""
-    files = [harness.write_results(record, out)]
-    print(harness.header(record))
-    columns = [("shape", "shape", ""), ("pattern", "pattern", ""), ("time_ms", "ms", ".3f"),
-               ("tflops", "TFLOP/s", ".0f"), ("speedup", "vs baseline", ".2f"), ("vs_gemm", "/ gemm", ".3f"),
-               ("chosen", "auto chose", "")]
-    print(harness.table(record["rows"], columns))
-    with_speedup = dict(record, rows=[r for r in record["rows"] if r["speedup"] is not None])
-    png = plots.bars(with_speedup, f"{out}/{name}_speedup.png", "shape", "pattern", "speedup",
-                     "speedup over baseline", what) if with_speedup["rows"] else None
-    stacked = plots.breakdown(record, f"{out}/{name}_breakdown.png", f"{what}: where the time goes")
-    return files + [p for p in (png, stacked) if p]
 
 
 def main(argv=None) -> int:

@@ -30,6 +30,15 @@ def _title(record: dict, what: str) -> str:
     return text
 
 
+def _save(plt, fig, path: str, record: dict, what: str) -> str:
+    """Title the figure (what, GPU, date, and whether it is a performance figure), write the PNG, close it."""
+    fig.suptitle(_title(record, what), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def heatmaps(record: dict, path: str, ops: list[str], value: str, unit_of) -> str | None:
     """One W x W heatmap per op: row = rank that issues, column = peer it targets.
 
@@ -69,11 +78,7 @@ def heatmaps(record: dict, path: str, ops: list[str], value: str, unit_of) -> st
         ax.set_xticks(range(w))
         ax.set_yticks(range(w))
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    fig.suptitle(_title(record, "trident p2p: rank -> peer"), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, record, "trident p2p: rank -> peer")
 
 
 def curves(record: dict, path: str, x: str, series: dict[str, str], ylabel: str, what: str,
@@ -118,11 +123,7 @@ def curves(record: dict, path: str, x: str, series: dict[str, str], ylabel: str,
         ax2.set_ylabel("trident / reference")
         ax2.grid(alpha=0.3)
         ax2.legend(fontsize=8)
-    fig.suptitle(_title(record, what), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, record, what)
 
 
 def bars(record: dict, path: str, group: str, category: str, value: str, ylabel: str, what: str) -> str | None:
@@ -142,11 +143,7 @@ def bars(record: dict, path: str, group: str, category: str, value: str, ylabel:
                   rotation=15)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8, loc="lower right")
-    fig.suptitle(_title(record, what), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, record, what)
 
 
 def loglog(record: dict, path: str, panel: str, line: str, x: str, y: str, xlabel: str, ylabel: str,
@@ -166,11 +163,7 @@ def loglog(record: dict, path: str, panel: str, line: str, x: str, y: str, xlabe
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
-    fig.suptitle(_title(record, what), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, record, what)
 
 
 def breakdown(record: dict, path: str, what: str) -> str | None:
@@ -189,8 +182,4 @@ def breakdown(record: dict, path: str, what: str) -> str | None:
     ax.set_xticks(list(x), labels, rotation=60, fontsize=7)
     ax.set_ylabel("time (ms)")
     ax.legend(fontsize=8)
-    fig.suptitle(_title(record, what), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, record, what)

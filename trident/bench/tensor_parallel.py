@@ -24,11 +24,11 @@ import torch
 
 import trident
 from trident.ops import OP_PATTERNS
-from trident.ops.common import auto_pattern
+from trident.ops.common import auto_pattern, shares_gpus
 from trident.ops.matmul import matmul
 
 from . import harness
-from .gemm_all_scatter import SIM_CONFIG, check_and_time, record_timeline, report, shape_rows
+from .fused_ops import SIM_CONFIG, check_and_time, record_timeline, report, shape_rows
 
 OPS = ("all_gather_gemm", "gemm_reduce_scatter")
 GPU_SHAPES = {"all_gather_gemm": [(8192, 3584, 8192), (4096, 4096, 4096)],
@@ -75,7 +75,7 @@ def run(ctx, args) -> dict:
     shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes
               else GPU_SHAPES[args.op] if ctx.backend == "cuda" else SIM_SHAPES)
     patterns = [p for p in (args.patterns or ",".join(OP_PATTERNS[args.op])).split(",") if p]
-    with_baseline = not (ctx.backend == "cuda" and harness.gpu_count(ctx) < ctx.world_size)
+    with_baseline = not shares_gpus(ctx)  # NCCL needs a GPU per rank
     config = None if ctx.backend == "cuda" else SIM_CONFIG
     record = harness.new_record(ctx, args.op.replace("_", "-"),
                                 {k: v for k, v in vars(args).items() if k != "no_progress"})
