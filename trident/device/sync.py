@@ -25,8 +25,8 @@ from .platform import backoff, now_ns, on_wait_timeout
 
 _WAIT_TIMEOUT_NS = tl.constexpr(layout.WAIT_TIMEOUT_NS)
 _ABORT_ADDR = tl.constexpr(layout.ABORT_ADDR)
-# Polls between reads of the abort word: on GPUs it lives in host memory, a PCIe round trip away.
-_ABORT_EVERY = tl.constexpr(64)
+# Volatile polls between two full checks (ordered read, clock, the abort word in host memory).
+_SPIN_POLLS = tl.constexpr(256)
 _ERR_WAIT_TIMEOUT = tl.constexpr(layout.ERR_WAIT_TIMEOUT)
 _ERR_ABORTED = tl.constexpr(layout.ERR_ABORTED)
 
@@ -99,9 +99,26 @@ def _summary(seen, value, cmp: tl.constexpr, mask):
 
 @triton.jit
 def _poll(ptr, mask, sem: tl.constexpr, scope: tl.constexpr):
-    """An ordered read of the flag(s): an atomic add of 0, which the GPU build turns into an
-    ``ld.acquire`` (with ``sem="acquire"``). Its value feeds the loop, so it is never dropped."""
+    """An ordered read of the flag(s): an atomic add of 0, which Triton turns into an ``ld.acquire``
+    (with ``sem="acquire"``). Its value feeds the loop, so it is never dropped."""
     return tl.atomic_add(ptr, 0, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def _spin(ptr, value, cmp: tl.constexpr, mask):
+    """Up to ``_SPIN_POLLS`` plain volatile reads, until the flag(s) look met.
+
+    The cheap part of a wait: no barrier, no clock, no ordered access. A GPU measurement showed
+    that 16 programs polling with the full check every time (ordered read, clock, abort word)
+    slowed a GEMM running on the other SMs by two orders of magnitude; volatile reads did not.
+    """
+    polls = 0
+    seen = tl.load(ptr, mask=mask, volatile=True)
+    while (_all(_meets(seen, value, cmp), mask) == 0) & (polls < _SPIN_POLLS):
+        backoff()
+        seen = tl.load(ptr, mask=mask, volatile=True)
+        polls += 1
+    return seen
 
 
 @triton.jit
@@ -142,13 +159,12 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
         start = now_ns()
         gave_up = done
         aborted = done != 0
-        polls = 0
         while (done == 0) & (gave_up == 0):
-            backoff()
+            _spin(remote, value, cmp, mask)
+            # What the spin saw is only a hint: the ordered read decides (and gives the acquire).
             seen = _poll(remote, mask, sem, scope)
             done = _all(_meets(seen, value, cmp), mask)
-            aborted = tl.load(abort_word, mask=polls % _ABORT_EVERY == 0, other=0, volatile=True) != 0
-            polls += 1
+            aborted = tl.load(abort_word, volatile=True) != 0
             gave_up = (done == 0) & (aborted | (now_ns() - start > timeout_ns))
         if gave_up:
             offset = _lowest(flag_ptr.to(tl.int64) - tl.load(heap_bases + rank))
