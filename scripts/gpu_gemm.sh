@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: the matmul sweep against cuBLAS, then (when given) the
 # gemm_all_scatter checks with ranks sharing the GPU. Results and logs go to $OUT (or results/).
-# Usage: bash scripts/gpu_gemm.sh [gemm|patterns|tests|diag|diag+tests|tp|all]   (SWEEP= : the table's configs only)
+# Usage: bash scripts/gpu_gemm.sh [gemm|patterns|tests|diag|diag+tests|tp|fused-bench|all]
+#   (SWEEP= : the table's configs only; GEMM_SHAPES=MxNxK,...: only these shapes)
 #   tp: all_gather_gemm / gemm_reduce_scatter tests on the GPU (ranks sharing it), then both benchmarks
 #       and gemm-all-scatter at one rank with --trace (each pattern against the GEMM alone, and timelines)
+#   fused-bench: those three benchmarks only
 set -u
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRIDENT_BACKEND=cuda
 OUT=${OUT:-results}
@@ -23,6 +25,8 @@ if [ "$what" = tp ]; then
   timeout ${PYTEST_LIMIT:-240} python3 -m pytest -q -x --backend cuda -p no:cacheprovider --durations=5 \
     tests/test_ops_tensor_parallel.py 2>&1 | tee "$OUT/pytest_tp_cuda.log" | tail -12
   echo "pytest exit: $?"
+fi
+if [ "$what" = tp ] || [ "$what" = fused-bench ]; then
   for b in all-gather-gemm gemm-reduce-scatter gemm-all-scatter; do
     timeout ${BENCH_LIMIT:-120} python3 -m trident bench $b -n 1 --no-progress --trace --out "/tmp/tp/$b" 2>&1 \
       | grep -v Warning | tail -14
@@ -41,7 +45,7 @@ if [ "$what" = patterns ] || [ "$what" = all ]; then
   done 2>&1 | tee "$OUT/examples_cuda.log"
 fi
 if [ "$what" = gemm ] || [ "$what" = all ]; then
-  timeout ${GEMM_LIMIT:-420} python3 -m trident.bench.gemm ${SWEEP---sweep} --dtype bfloat16 --out "$OUT" 2>&1 | tee "$OUT/gemm_bf16.log"
+  timeout ${GEMM_LIMIT:-420} python3 -m trident.bench.gemm ${SWEEP---sweep} ${GEMM_SHAPES:+--shapes $GEMM_SHAPES} --dtype bfloat16 --out "$OUT" 2>&1 | tee "$OUT/gemm_bf16.log"
   timeout 120 python3 -m trident.bench.gemm --dtype float16 --out "$OUT/fp16" 2>&1 | tee "$OUT/gemm_fp16.log"
   cp "$OUT/fp16/gemm.json" "$OUT/gemm_fp16.json" 2>/dev/null; rm -rf "$OUT/fp16"
 fi

@@ -25,7 +25,7 @@ import triton
 
 from ..ccl.api import agree_in_debug
 from . import gas_kernels as kernels
-from .common import auto_pattern, check_operands, check_pattern, comm_programs_or_default, gather_into, sync_state
+from .common import auto_pattern, check_operands, check_pattern, gather_into, split_roles, sync_state
 from .matmul import MatmulConfig, launch_matmul, operands, pick_config, sm_count
 
 PATTERNS = ("bulk_synchronous", "producer_consumer", "fused_sequential", "workgroup_specialized", "baseline", "auto")
@@ -88,7 +88,8 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
         pattern: one of :data:`PATTERNS` (see the module docstring); the same on every rank.
         config: a :class:`MatmulConfig` for the GEMM tiles (None: the table's, as for ``matmul``).
         comm_programs: programs that communicate in ``producer_consumer`` and
-            ``workgroup_specialized`` (None: 16 on a GPU, 2 in the simulator).
+            ``workgroup_specialized`` (None: 16 on a GPU, 2 in the simulator; at most one per tile,
+            and at least one program is left for the GEMM).
         trace: a ``trident.trace.Trace`` to record per-tile compute/communication/wait events, or None.
 
     Returns:
@@ -123,7 +124,9 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
     flags = sync.tile_flags(tiles)
     trace_ptr = sync.trace_ptr(trace)
     programs = cfg.programs or sms
-    comm = comm_programs_or_default(ctx, comm_programs)
+    # The GEMM / communication split of producer_consumer and workgroup_specialized (all programs
+    # of both resident at once on a GPU: one side waits for the other).
+    gemm_programs, comm = split_roles(ctx, cfg, comm_programs, comm_work=tiles, other_work=tiles)
     common = dict(rank=ctx.rank, heap_bases=ctx.heap_bases, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
                   GROUP_M=cfg.GROUP_M, TRACE=trace is not None)
     world = dict(world_size=ctx.world_size, WORLD_BLOCK=triton.next_power_of_2(ctx.world_size))
@@ -141,15 +144,10 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
             *gemm_args, sync.state, sync.ready, sync.arrived, trace_ptr, BLOCK_K=cfg.BLOCK_K, USE_TMA=use_tma,
             **common, **world, **launch)
     elif pattern == "workgroup_specialized":
-        # Communication programs wait for GEMM programs of the same launch: all must be resident
-        # at once, so at most one program per SM on a GPU.
-        programs = min(programs, sms) if ctx.device.type == "cuda" else programs
-        gemm_programs = max(1, min(tiles, programs - comm if programs > comm else 1))
         kernels.workgroup_specialized_kernel[(gemm_programs + comm,)](
             *gemm_args, gemm_programs, sync.state, sync.ready, sync.arrived, flags, trace_ptr, BLOCK_K=cfg.BLOCK_K,
             USE_TMA=use_tma, **common, **world, **launch)
     else:  # producer_consumer
-        gemm_programs = max(1, min(tiles, programs - comm if programs > comm else 1))
         side = sync.side_stream
         if side is not None:
             # The scatter stream waits for what came before this call, not for the GEMM launched
@@ -158,7 +156,7 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
         kernels.producer_kernel[(gemm_programs,)](*gemm_args, sync.state, flags, trace_ptr, BLOCK_K=cfg.BLOCK_K,
                                                   USE_TMA=use_tma, **common, **launch)
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            kernels.scatter_kernel[(min(comm, tiles),)](
+            kernels.scatter_kernel[(comm,)](
                 block, M, n_local, block.stride(0), sync.state, sync.ready, sync.arrived, flags, trace_ptr,
                 WAIT_FLAGS=True, **common, **world, num_warps=cfg.num_warps)
         if side is not None:
