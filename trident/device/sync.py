@@ -25,8 +25,12 @@ from .platform import backoff, now_ns, on_wait_timeout
 
 _WAIT_TIMEOUT_NS = tl.constexpr(layout.WAIT_TIMEOUT_NS)
 _ABORT_ADDR = tl.constexpr(layout.ABORT_ADDR)
-# Volatile polls between two full checks (ordered read, clock, the abort word in host memory).
+# Volatile polls between two full checks (ordered read, clock).
 _SPIN_POLLS = tl.constexpr(256)
+# The host's abort word is read only once a wait has lasted this long. On GPUs it lives in pinned
+# host memory, and on the H200 programs reading host memory while they spin (even once per 64
+# polls) slowed a GEMM on the other SMs ~150x (scripts/diag_spin.py): short waits never touch it.
+_ABORT_AFTER_NS = tl.constexpr(5_000_000)
 _ERR_WAIT_TIMEOUT = tl.constexpr(layout.ERR_WAIT_TIMEOUT)
 _ERR_ABORTED = tl.constexpr(layout.ERR_ABORTED)
 
@@ -108,9 +112,7 @@ def _poll(ptr, mask, sem: tl.constexpr, scope: tl.constexpr):
 def _spin(ptr, value, cmp: tl.constexpr, mask):
     """Up to ``_SPIN_POLLS`` plain volatile reads, until the flag(s) look met.
 
-    The cheap part of a wait: no barrier, no clock, no ordered access. A GPU measurement showed
-    that 16 programs polling with the full check every time (ordered read, clock, abort word)
-    slowed a GEMM running on the other SMs by two orders of magnitude; volatile reads did not.
+    The cheap part of a wait: one load per poll, no barrier, no clock, no ordered access.
     """
     polls = 0
     seen = tl.load(ptr, mask=mask, volatile=True)
@@ -164,8 +166,9 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
             # What the spin saw is only a hint: the ordered read decides (and gives the acquire).
             seen = _poll(remote, mask, sem, scope)
             done = _all(_meets(seen, value, cmp), mask)
-            aborted = tl.load(abort_word, volatile=True) != 0
-            gave_up = (done == 0) & (aborted | (now_ns() - start > timeout_ns))
+            waited = now_ns() - start
+            aborted = tl.load(abort_word, mask=waited > _ABORT_AFTER_NS, other=0, volatile=True) != 0
+            gave_up = (done == 0) & (aborted | (waited > timeout_ns))
         if gave_up:
             offset = _lowest(flag_ptr.to(tl.int64) - tl.load(heap_bases + rank))
             last = _summary(seen, value, cmp, mask)
