@@ -49,6 +49,32 @@ def spin_on(ptr, epoch, abort_word, rank, heap_bases, SPIN: tl.constexpr):
 
 
 @triton.jit
+def scatter_range(first, step, c, M, N, scm, flags_ptr, epoch, abort_word, rank, world_size, heap_bases,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, WAIT_FLAGS: tl.constexpr,
+                  SPIN: tl.constexpr):
+    """Tiles ``first, first + step, ...``: (with ``WAIT_FLAGS``) spin on the tile's flag, read it back, scatter it."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(first, num_pid_m * num_pid_n, step):
+        if WAIT_FLAGS:
+            spin_on(flags_ptr + tile, epoch, abort_word, rank, heap_bases, SPIN)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        offs, mask = tile_offsets(pid_m, pid_n, M, N, scm, 1, BLOCK_M, BLOCK_N)
+        v = tl.load(c + offs, mask=mask)
+        G.scatter_tile(c, offs, mask, v, tile, flags_ptr, rank, world_size, heap_bases, 1, False)  # no trace
+
+
+@triton.jit
+def end_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr,
+             FINISH: tl.constexpr):
+    """The call's end: the real ``finish_call``, or (left out) program 0 just advancing the epoch."""
+    if FINISH:
+        G.finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    elif tl.program_id(0) == 0:
+        tl.store(state_ptr, epoch)
+
+
+@triton.jit
 def ws_diag(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, gemm_programs, state_ptr, ready_ptr, arrived_ptr, flags_ptr,
             abort_word, rank, world_size, heap_bases, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WORLD_BLOCK: tl.constexpr, SIGNAL: tl.constexpr,
@@ -59,20 +85,10 @@ def ws_diag(a, b, c, M, N, K, sam, sak, sbk, sbn, scm, gemm_programs, state_ptr,
         G.produce_tiles(pid, gemm_programs, a, b, c, M, N, K, sam, sak, sbk, sbn, scm, flags_ptr, epoch, state_ptr,
                         rank, heap_bases, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, True, SIGNAL, False)
     elif COMM:
-        num_pid_m = tl.cdiv(M, BLOCK_M)
-        num_pid_n = tl.cdiv(N, BLOCK_N)
         G.wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
-        for tile in tl.range(pid - gemm_programs, num_pid_m * num_pid_n, tl.num_programs(0) - gemm_programs):
-            if WAIT_FLAGS:
-                spin_on(flags_ptr + tile, epoch, abort_word, rank, heap_bases, SPIN)
-            pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-            offs, mask = tile_offsets(pid_m, pid_n, M, N, scm, 1, BLOCK_M, BLOCK_N)
-            v = tl.load(c + offs, mask=mask)
-            G.scatter_tile(c, offs, mask, v, tile, state_ptr, rank, world_size, heap_bases, 1, False)
-    if FINISH:
-        G.finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
-    elif pid == 0:
-        tl.store(state_ptr, epoch)
+        scatter_range(pid - gemm_programs, tl.num_programs(0) - gemm_programs, c, M, N, scm, flags_ptr, epoch,
+                      abort_word, rank, world_size, heap_bases, BLOCK_M, BLOCK_N, GROUP_M, WAIT_FLAGS, SPIN)
+    end_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK, FINISH)
 
 
 @triton.jit
@@ -83,17 +99,9 @@ def scatter_diag(c, M, N, scm, state_ptr, ready_ptr, arrived_ptr, rank, world_si
     if READY:
         G.wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
     if TILES:
-        num_pid_m = tl.cdiv(M, BLOCK_M)
-        num_pid_n = tl.cdiv(N, BLOCK_N)
-        for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
-            pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-            offs, mask = tile_offsets(pid_m, pid_n, M, N, scm, 1, BLOCK_M, BLOCK_N)
-            v = tl.load(c + offs, mask=mask)
-            G.scatter_tile(c, offs, mask, v, tile, state_ptr, rank, world_size, heap_bases, 1, False)
-    if FINISH:
-        G.finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
-    elif tl.program_id(0) == 0:
-        tl.store(state_ptr, epoch)
+        scatter_range(tl.program_id(0), tl.num_programs(0), c, M, N, scm, state_ptr, epoch, state_ptr, rank,
+                      world_size, heap_bases, BLOCK_M, BLOCK_N, GROUP_M, False, 0)
+    end_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK, FINISH)
 
 
 class HostWord:
