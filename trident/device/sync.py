@@ -110,7 +110,7 @@ def _poll(ptr, mask, sem: tl.constexpr, scope: tl.constexpr):
 
 @triton.jit
 def _spin(ptr, value, cmp: tl.constexpr, mask):
-    """Up to ``_SPIN_POLLS`` plain volatile reads, until the flag(s) look met.
+    """Up to ``_SPIN_POLLS`` plain volatile reads, until the flag(s) look met (the caller re-reads them ordered).
 
     The cheap part of a wait: one load per poll, no barrier, no clock, no ordered access.
     """
@@ -120,7 +120,6 @@ def _spin(ptr, value, cmp: tl.constexpr, mask):
         backoff()
         seen = tl.load(ptr, mask=mask, volatile=True)
         polls += 1
-    return seen
 
 
 @triton.jit
