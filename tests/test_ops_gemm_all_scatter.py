@@ -94,7 +94,8 @@ def _trace_body(ctx, pattern):
     return _err(C, want), {k: kinds.count(k) for k in ("compute", "comm", "wait")}
 
 
-@pytest.mark.parametrize("pattern,waits", [("fused_sequential", 0), ("workgroup_specialized", 2)])
+@pytest.mark.parametrize("pattern,waits", [("bulk_synchronous", 0), ("producer_consumer", 2),
+                                           ("fused_sequential", 0), ("workgroup_specialized", 2)])
 def test_trace_records_every_tile(pool2, pattern, waits):
     tiles = 2  # 32 x 16 in 16 x 16 tiles
     for err, counts in pool2.run(_trace_body, pattern):

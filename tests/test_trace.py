@@ -87,6 +87,32 @@ def test_chrome_export_structure(pool2):
     assert doc["otherData"]["dropped_events"] == 0
 
 
+def _span_body(ctx):
+    trace = tt.Trace(ctx, capacity=16)
+    x = ctx.arange(64, dtype=torch.float32)
+    y = ctx.zeros(64, dtype=torch.float32)
+    ctx.barrier()
+    peer = (ctx.rank + 1) % ctx.world_size
+    with trace.span(tile=7, peer=peer):  # a kernel's own events fall inside the span around it
+        traced_kernel[(4,)](x, y, trace.ptr, 64, ctx.rank, ctx.world_size, ctx.heap_bases, BLOCK=16, TRACE=True)
+    with trace.span(tt.COMPUTE, tile=99):
+        y.mul_(2)
+    ctx.barrier()
+    return [tuple(e) for e in trace.events()]
+
+
+def test_span_records_the_work_inside_it_as_one_event(pool2):
+    for rank, events in enumerate(pool2.run(_span_body)):
+        events = [tt.Event(*e) for e in events]
+        (outer,), (after,) = ([e for e in events if e.tile == t] for t in (7, 99))  # the kernel's tiles: 0..3
+        inner = [e for e in events if e.tile < 4]
+        assert (outer.kind, outer.program, outer.peer, outer.rank) == (tt.COMM, 0, (rank + 1) % 2, rank)
+        assert (after.kind, after.program, after.peer, after.rank) == (tt.COMPUTE, 0, rank, rank)
+        assert len(inner) == 8  # the kernel's compute and comm of 4 tiles
+        assert all(outer.t_start <= e.t_start and e.t_end <= outer.t_end for e in inner)
+        assert outer.t_end <= after.t_start <= after.t_end
+
+
 def test_full_buffer_drops_and_counts_without_writing_past_it(pool2):
     results = pool2.run(_run, 4, 3, True)  # 8 events per rank, room for 3
     for res in results:

@@ -27,7 +27,8 @@ def _err(C: torch.Tensor, want: torch.Tensor) -> float:
 def check_and_time(ctx, args, calls: dict, out: torch.Tensor, want: torch.Tensor, label: str, on_call=None) -> dict:
     """Time every call (collective): ``gemm`` (the reference) as it is, every other one after a
     checked run (``out`` poisoned with NaN first, then compared with ``want``). ``on_call(name)``
-    runs after each pattern is timed (the timelines). Returns ``{name: ms, max over ranks}``."""
+    runs after each pattern is timed (the timelines). Returns ``{name: (device ms, host ms)}``, each
+    the max over ranks (:class:`~trident.bench.harness.Timing`)."""
     times = {}
     for name, fn in harness.progress(list(calls.items()), ctx, args, label):
         ctx.barrier()
@@ -40,19 +41,23 @@ def check_and_time(ctx, args, calls: dict, out: torch.Tensor, want: torch.Tensor
             if not err < 2e-2:
                 raise RuntimeError(f"rank {ctx.rank}: {name} on {label}: relative error {err:.3g}")
             ctx.barrier()
-        times[name] = harness.max_over_ranks(ctx, harness.time_ms(ctx, fn, args.warmup, args.repeats))
+        timing = harness.measure(ctx.device if ctx.backend == "cuda" else "cpu", fn, args.warmup, args.repeats)
+        times[name] = harness.Timing(*(harness.max_over_ranks(ctx, t) for t in timing))
         if on_call is not None and name not in ("gemm", "baseline", "auto"):
             on_call(name)
     return times
 
 
 def shape_rows(shape: str, flops: float, times: dict, chosen: str | None) -> list[dict]:
-    """The record's rows for one shape: time, TFLOP/s, speedup over ``baseline``, time over ``gemm``."""
-    return [{"shape": shape, "pattern": name, "time_ms": ms, "tflops": flops / ms / 1e9,
-             "vs_gemm": ms / times["gemm"], "speedup": times["baseline"] / ms if "baseline" in times else None,
-             "gemm_ms": times["gemm"], "exposed_comm_ms": max(ms - times["gemm"], 0.0),
-             "chosen": chosen if name == "auto" else None}
-            for name, ms in times.items()]
+    """The record's rows for one shape: device time, TFLOP/s, speedup over ``baseline``, time over
+    ``gemm``, and the host time to issue one call (``host_ms``)."""
+    gemm = times["gemm"].device_ms
+    baseline = times["baseline"].device_ms if "baseline" in times else None
+    return [{"shape": shape, "pattern": name, "time_ms": t.device_ms, "host_ms": t.host_ms,
+             "tflops": flops / t.device_ms / 1e9, "vs_gemm": t.device_ms / gemm,
+             "speedup": baseline / t.device_ms if baseline else None, "gemm_ms": gemm,
+             "exposed_comm_ms": max(t.device_ms - gemm, 0.0), "chosen": chosen if name == "auto" else None}
+            for name, t in times.items()]
 
 
 def record_timeline(ctx, args, run_traced, pattern: str, shape: str) -> None:
@@ -79,8 +84,8 @@ def report(record: dict, out: str, name: str = "gemm_all_scatter", what: str = "
     files = [harness.write_results(record, out)]
     print(harness.header(record))
     columns = [("shape", "shape", ""), ("pattern", "pattern", ""), ("time_ms", "ms", ".3f"),
-               ("tflops", "TFLOP/s", ".0f"), ("speedup", "vs baseline", ".2f"), ("vs_gemm", "/ gemm", ".3f"),
-               ("chosen", "auto chose", "")]
+               ("host_ms", "host ms", ".3f"), ("tflops", "TFLOP/s", ".0f"), ("speedup", "vs baseline", ".2f"),
+               ("vs_gemm", "/ gemm", ".3f"), ("chosen", "auto chose", "")]
     print(harness.table(record["rows"], columns))
     with_speedup = dict(record, rows=[r for r in record["rows"] if r["speedup"] is not None])
     png = plots.bars(with_speedup, f"{out}/{name}_speedup.png", "shape", "pattern", "speedup",

@@ -37,6 +37,11 @@ SWEEP = [
     # split-K, for the narrow shards (more work items than tiles; not in the table until measured)
     C(128, 128, 64, 8, 4, 4, split_k=2), C(128, 128, 64, 8, 8, 4, split_k=2), C(128, 128, 64, 8, 4, 4, split_k=3),
     C(128, 256, 64, 8, 8, 3, split_k=2), C(128, 256, 64, 8, 8, 3, split_k=3),
+    # stream-K: the last full wave and the partial one shared out along K
+    C(256, 128, 64, 8, 8, 4, c_tma=True, subtile=True, stream_k=True), C(256, 128, 64, 8, 8, 3, stream_k=True),
+    C(128, 256, 64, 8, 8, 4, c_tma=True, subtile=True, stream_k=True),
+    C(128, 256, 64, 8, 8, 3, flatten=True, stream_k=True),
+    C(128, 128, 64, 8, 4, 4, stream_k=True), C(128, 128, 64, 8, 8, 4, stream_k=True),
 ]
 
 
@@ -51,8 +56,8 @@ def bench_shape(M, N, K, dtype, device, configs, warmup, repeats) -> list[dict]:
     B = torch.randn(K, N, device=device, dtype=dtype, generator=gen)
     flops = 2.0 * M * N * K
     want = torch.matmul(A, B)
-    ms = harness.time_on(A.device, lambda: torch.matmul(A, B), warmup, repeats)
-    rows = [{"shape": [M, N, K], "impl": "torch.matmul", "ms": ms, "tflops": flops / ms / 1e9}]
+    ms, host_ms = harness.measure(A.device, lambda: torch.matmul(A, B), warmup, repeats)
+    rows = [{"shape": [M, N, K], "impl": "torch.matmul", "ms": ms, "host_ms": host_ms, "tflops": flops / ms / 1e9}]
     out = torch.empty(M, N, device=device, dtype=dtype)
     for cfg in configs:
         row = {"shape": [M, N, K], "impl": "trident", "config": dataclasses.asdict(cfg)}
@@ -63,8 +68,8 @@ def bench_shape(M, N, K, dtype, device, configs, warmup, repeats) -> list[dict]:
             row["rel_err_vs_torch"] = err
             if not err < 2e-2:
                 raise RuntimeError(f"wrong result: relative error {err:.3g} against torch.matmul")
-            row["ms"] = harness.time_on(A.device, lambda cfg=cfg: matmul(A, B, out=out, config=cfg),
-                                         warmup, repeats)
+            row["ms"], row["host_ms"] = harness.measure(A.device, lambda cfg=cfg: matmul(A, B, out=out, config=cfg),
+                                                        warmup, repeats)
             row["tflops"] = flops / row["ms"] / 1e9
             row["vs_torch"] = ms / row["ms"]
         except Exception as exc:  # a config that does not fit (shared memory) or fails: recorded, not fatal
@@ -73,12 +78,25 @@ def bench_shape(M, N, K, dtype, device, configs, warmup, repeats) -> list[dict]:
     return rows
 
 
+def candidates(only: str | None) -> list[MatmulConfig]:
+    """The sweep's configs, or those whose fields match ``only`` (``"stream_k=True,BLOCK_M=256"``)."""
+    if not only:
+        return list(SWEEP)
+    wanted = dict(item.split("=", 1) for item in only.split(","))
+    fields = {f.name for f in dataclasses.fields(MatmulConfig)}
+    if not set(wanted) <= fields:
+        raise SystemExit(f"--only: unknown config field(s) {sorted(set(wanted) - fields)}; fields: {sorted(fields)}")
+    return [c for c in SWEEP if all(str(getattr(c, k)) == v for k, v in wanted.items())]
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """The benchmark's arguments (``trident bench gemm --help``)."""
     parser = argparse.ArgumentParser(prog="trident bench gemm", description=__doc__)
     parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--shapes", default=None, help="MxNxK,MxNxK,... (default: the paper's shapes)")
     parser.add_argument("--sweep", action="store_true", help="also time the candidate configs")
+    parser.add_argument("--only", default=None, metavar="FIELD=VALUE,...",
+                        help="sweep only the candidates with these config fields, e.g. stream_k=True")
     harness.add_common_args(parser, "gemm", warmup=5, repeats=30)
     return parser.parse_args(argv)
 
@@ -96,7 +114,7 @@ def run(ctx, args) -> dict:
     rows = []
     for M, N, K in shapes:
         table = pick_config(M, N, K, dtype, ctx.backend, sm_count(device))
-        configs = [table] + ([c for c in SWEEP if c != table] if args.sweep and cuda else [])
+        configs = [table] + ([c for c in candidates(args.only) if c != table] if args.sweep and cuda else [])
         shape_rows = bench_shape(M, N, K, dtype, device, configs, args.warmup, args.repeats)
         shape_rows[1]["table_config"] = True
         rows += shape_rows

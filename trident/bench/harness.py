@@ -10,7 +10,10 @@ and writes the results on rank 0 (:func:`write_results`)::
 
 Timing: ``warmup`` calls, then the median of ``repeats`` calls, each timed with CUDA events
 (the host clock in the simulator); a measurement taken on several ranks at once counts the
-slowest rank (:func:`max_over_ranks`).
+slowest rank (:func:`max_over_ranks`). On a GPU the stream first sleeps about a millisecond
+before each timed call, so the host has queued the whole call before its first kernel starts:
+the figure is the call's device time, with no Python or launch overhead in it. That overhead is
+measured separately, as the host time of one call (:func:`measure`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import shlex
 import statistics
 import sys
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -77,25 +81,58 @@ def time_on(device: torch.device, fn, warmup: int, repeats: int) -> float:
 
         ms = time_on(A.device, lambda: torch.matmul(A, B), warmup=3, repeats=10)
     """
+    return measure(device, fn, warmup, repeats).device_ms
+
+
+#: GPU cycles the stream sleeps before each timed call: about 1 ms at an H200's clock, far more
+#: than the host needs to queue any call benchmarked here.
+SLEEP_CYCLES = 2_000_000
+
+
+class Timing(NamedTuple):
+    """Medians of one call: ``device_ms`` on the device (the host clock in the simulator) and
+    ``host_ms``, the host time to issue it (Python, checks, launches; no waiting for the device)."""
+
+    device_ms: float
+    host_ms: float
+
+
+def measure(device: torch.device, fn, warmup: int, repeats: int) -> Timing:
+    """Time ``fn()``: ``warmup`` untimed calls, then the medians of ``repeats`` timed ones.
+
+    On a GPU each timed call runs after a sleep kernel (:data:`SLEEP_CYCLES`) on the current
+    stream: the host queues the start event, the call and the end event while the GPU sleeps,
+    so the events measure device time only. Without it a call's Python and launch overhead would
+    count as device time whenever the GPU is idle, as it is between timed calls.
+
+    Example::
+
+        t = measure(A.device, lambda: torch.matmul(A, B), warmup=3, repeats=10)
+        print(t.device_ms, t.host_ms)
+    """
     for _ in range(warmup):
         fn()
-    samples = []
+    device_samples, host_samples = [], []
     cuda = torch.device(device).type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
     for _ in range(max(repeats, 1)):
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(SLEEP_CYCLES)
             start.record()
+            t0 = time.perf_counter()
             fn()
+            host_samples.append((time.perf_counter() - t0) * 1e3)
             end.record()
             end.synchronize()
-            samples.append(start.elapsed_time(end))
+            device_samples.append(start.elapsed_time(end))
         else:
             t0 = time.perf_counter()
             fn()
-            samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
+            device_samples.append((time.perf_counter() - t0) * 1e3)
+            host_samples.append(device_samples[-1])
+    return Timing(statistics.median(device_samples), statistics.median(host_samples))
 
 
 def all_values(ctx, value) -> list:

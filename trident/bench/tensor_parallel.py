@@ -96,11 +96,10 @@ def _shape_rows(ctx, args, op, M, N, K, dtype, patterns, with_baseline, config) 
             continue
         calls[p] = lambda p=p: op(ctx, *inputs, out, pattern=p, config=config, comm_programs=args.comm_programs)
 
-    def on_call(name):  # --trace: one traced call of a fused pattern (the others record nothing)
-        if name != "bulk_synchronous":
-            record_timeline(ctx, args, lambda trace: op(ctx, *inputs, out, pattern=name, config=config,
-                                                        comm_programs=args.comm_programs, trace=trace),
-                            name, f"{M}x{N}x{K}")
+    def on_call(name):  # --trace: one traced call of the pattern
+        record_timeline(ctx, args, lambda trace: op(ctx, *inputs, out, pattern=name, config=config,
+                                                    comm_programs=args.comm_programs, trace=trace),
+                        name, f"{M}x{N}x{K}")
 
     times = check_and_time(ctx, args, calls, out, want, f"{M}x{N}x{K}", on_call if args.trace else None)
     chosen = auto_pattern(ctx, importlib.import_module(f"trident.ops.{args.op}").AUTO_TABLE, M * N * K,

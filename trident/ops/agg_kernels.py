@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .. import trace
 from ..device import signal, translate, wait
-from .call_sync import clock, enter_call, finish_call, wait_peers_ready
+from .call_sync import enter_call, finish_call, wait_peers_ready
 from .tiles import shard_tile, tile_dot, tile_offsets
 
 
@@ -37,7 +37,7 @@ def pull_kernel(a_local, b, c, m, N, K, stride_am, stride_ak, stride_bk, stride_
     wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
     tiles = world_size * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
-        t0 = clock(TRACE)
+        t0 = trace.now_if(TRACE)
         src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
         a_src = translate(a_local, rank, src, heap_bases)  # src's A_local, as this process maps it
         acc = tile_dot(a_src, b, pid_m, pid_n, m, N, K, stride_am, stride_ak, stride_bk, stride_bn,
@@ -76,7 +76,7 @@ def gather_gemm_kernel(a_local, a_full, b, c, m, N, K, stride_am, stride_ak, str
     if pid < gather_programs:
         wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
         for i in tl.range(pid, world_size * blocks, gather_programs):
-            t0 = clock(TRACE)
+            t0 = trace.now_if(TRACE)
             src = (rank + i // blocks) % world_size  # my own rows first, in the GEMM's order
             block = src * blocks + i % blocks
             shard = a_full + tl.cast(src, tl.int64) * m * K
@@ -88,10 +88,10 @@ def gather_gemm_kernel(a_local, a_full, b, c, m, N, K, stride_am, stride_ak, str
         tiles = world_size * blocks * tl.cdiv(N, BLOCK_N)
         for tile in tl.range(pid - gather_programs, tiles, tl.num_programs(0) - gather_programs):
             src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
-            t0 = clock(TRACE)
+            t0 = trace.now_if(TRACE)
             wait(flags_ptr + src * blocks + pid_m, epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
             trace.record(trace_ptr, trace.WAIT, tile, src, t0, rank, TRACE)
-            t0 = clock(TRACE)
+            t0 = trace.now_if(TRACE)
             # a_full was written by this kernel with ordinary stores: read it with ordinary loads
             # too (a TMA read would need a generic-to-async proxy fence first).
             shard = a_full + tl.cast(src, tl.int64) * m * K

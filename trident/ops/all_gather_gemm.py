@@ -22,8 +22,8 @@ import triton
 from ..ccl import all_gather
 from ..ccl.api import agree_in_debug, input_stage
 from . import agg_kernels as kernels
-from .common import auto_pattern, check_operands, check_pattern, gather_into, split_roles, sync_state
-from .matmul import MatmulConfig, matmul, num_programs, pick_config, sm_count
+from .common import auto_pattern, check_operands, check_pattern, comm_span, gather_into, split_roles, sync_state
+from .matmul import MatmulConfig, launch_matmul, num_programs, pick_config, sm_count
 
 PATTERNS = ("bulk_synchronous", "fused_sequential", "workgroup_specialized", "baseline", "auto")
 
@@ -65,8 +65,8 @@ def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor
         config: a :class:`MatmulConfig` for the GEMM tiles (None: the table's).
         comm_programs: programs that gather in ``workgroup_specialized`` (None: 16 on a GPU, 2 in
             the simulator).
-        trace: a ``trident.trace.Trace`` to record per-tile events, or None (the two fused
-            patterns record; ``bulk_synchronous`` and ``baseline`` run library kernels that do not).
+        trace: a ``trident.trace.Trace`` to record per-tile events, or None (``bulk_synchronous``
+            records its all-gather as one event, ``baseline`` nothing).
 
     Returns:
         ``C``, ordered on the current stream. No host synchronization inside (the first call on a
@@ -95,8 +95,10 @@ def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor
     cfg = config or pick_config(M, N, K, A_local.dtype, ctx.backend, sm_count(ctx.device))
     if pattern == "bulk_synchronous":
         a_full = torch.empty(M, K, dtype=A_local.dtype, device=ctx.device)
-        all_gather(ctx, a_full, A_local)
-        return matmul(a_full, B, out=C, config=cfg)
+        with comm_span(trace):
+            all_gather(ctx, a_full, A_local)
+        launch_matmul(a_full, B, C, cfg, None if trace is None else trace.ptr, ctx.rank)
+        return C
     # Peers read A_local: a plain one goes into the collectives' input buffer. It is taken on every
     # rank all the same (whether used or not), so heap allocations stay in step.
     stage = input_stage(ctx, A_local.numel(), A_local.dtype).view(A_local.shape)

@@ -23,17 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import trace
 from ..device import signal, wait
-
-
-@triton.jit
-def clock(TRACE: tl.constexpr):
-    """The device timer when tracing, else 0 (nothing is read)."""
-    t = 0
-    if TRACE:
-        t = trace.now()
-    return t
 
 
 @triton.jit

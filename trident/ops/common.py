@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -54,6 +55,12 @@ class SyncState:
     def trace_ptr(self, trace) -> torch.Tensor:
         """What a kernel's ``trace_ptr`` gets: the trace's buffer, or (tracing off, never written) the state."""
         return self.state if trace is None else getattr(trace, "ptr", trace)
+
+
+def comm_span(trace):
+    """``trace.span()`` (the block's device work as one communication event), or nothing when
+    ``trace`` is None: how the bulk patterns show the library collective they call."""
+    return contextlib.nullcontext() if trace is None else trace.span()
 
 
 def sync_state(ctx) -> SyncState:

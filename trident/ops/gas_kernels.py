@@ -21,7 +21,7 @@ import triton.language as tl
 
 from .. import trace
 from ..device import signal, store, wait
-from .call_sync import clock, enter_call, finish_call, wait_peers_ready
+from .call_sync import enter_call, finish_call, wait_peers_ready
 from .tiles import tile_coords, tile_dot, tile_offsets
 
 
@@ -35,7 +35,7 @@ def scatter_tile(c_ptr, offs, mask, values, tile, trace_ptr, rank, world_size, h
     """
     for i in range(FIRST, world_size):
         peer = (rank + i) % world_size
-        t0 = clock(TRACE)
+        t0 = trace.now_if(TRACE)
         store(c_ptr + offs, values, rank, peer, heap_bases, mask=mask)
         trace.record(trace_ptr, trace.COMM, tile, peer, t0, rank, TRACE)
 
@@ -49,7 +49,7 @@ def produce_tiles(first, step, a, b, c, M, N, K, stride_am, stride_ak, stride_bk
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     for tile in tl.range(first, num_pid_m * num_pid_n, step):
-        t0 = clock(TRACE)
+        t0 = trace.now_if(TRACE)
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         acc = tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                        BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
@@ -73,7 +73,7 @@ def consume_tiles(first, step, c, M, N, stride_cm, flags_ptr, ready_ptr, epoch, 
     wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
     for tile in tl.range(first, num_pid_m * num_pid_n, step):
         if WAIT_FLAGS:
-            t0 = clock(TRACE)
+            t0 = trace.now_if(TRACE)
             wait(flags_ptr + tile, epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
             trace.record(trace_ptr, trace.WAIT, tile, rank, t0, rank, TRACE)
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
@@ -94,7 +94,7 @@ def fused_sequential_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, s
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
-        t0 = clock(TRACE)
+        t0 = trace.now_if(TRACE)
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         acc = tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                        BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)

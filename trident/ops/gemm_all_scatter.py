@@ -135,7 +135,7 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
     gemm_args = (a, b, block, M, n_local, K, A.stride(0), A.stride(1), B_local.stride(0), B_local.stride(1),
                  block.stride(0))
     if pattern == "bulk_synchronous":
-        launch_matmul(A, B_local, block, cfg)
+        launch_matmul(A, B_local, block, cfg, None if trace is None else trace_ptr, ctx.rank)
         kernels.scatter_kernel[(max(1, min(tiles, programs)),)](
             block, M, n_local, block.stride(0), sync.state, sync.ready, sync.arrived, flags, trace_ptr,
             WAIT_FLAGS=False, **common, **world, num_warps=cfg.num_warps)

@@ -27,7 +27,7 @@ from ..ccl import reduce_scatter
 from ..ccl.api import agree_in_debug, input_stage
 from ..ccl.workspace import workspace
 from . import grs_kernels as kernels
-from .common import auto_pattern, check_operands, check_pattern, reduce_scatter_into, split_roles, sync_state
+from .common import auto_pattern, check_operands, check_pattern, comm_span, reduce_scatter_into, split_roles, sync_state
 from .matmul import MatmulConfig, launch_matmul, num_programs, operands, pick_config, sm_count
 
 PATTERNS = ("bulk_synchronous", "fused_sequential", "workgroup_specialized", "baseline", "auto")
@@ -67,8 +67,8 @@ def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, 
         config: a :class:`MatmulConfig` for the GEMM tiles (None: the table's).
         comm_programs: reducer programs in ``workgroup_specialized`` (None: 16 on a GPU, 2 in the
             simulator).
-        trace: a ``trident.trace.Trace`` to record per-tile events, or None (the two fused
-            patterns record; ``bulk_synchronous`` and ``baseline`` run library kernels that do not).
+        trace: a ``trident.trace.Trace`` to record per-tile events, or None (``bulk_synchronous``
+            records its reduce-scatter as one event, ``baseline`` nothing).
 
     Returns:
         ``C``, ordered on the current stream. The fused patterns keep an ``M x N`` staging buffer
@@ -95,10 +95,12 @@ def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, 
         # The partial product goes straight into the collectives' input buffer: no second copy on the heap.
         partial = input_stage(ctx, M * N, A.dtype).view(M, N)
         if K:
-            launch_matmul(A, B, partial, cfg)
+            launch_matmul(A, B, partial, cfg, None if trace is None else trace.ptr, ctx.rank)
         else:
             partial.zero_()
-        return reduce_scatter(ctx, C, partial)
+        with comm_span(trace):
+            reduce_scatter(ctx, C, partial)
+        return C
     # W slots of m x N: rank s stores its partial of my rows into my slots[s].
     slots = workspace(ctx).buffer("gemm_reduce_scatter.slots", M * N, A.dtype).view(M, N)
     sync = sync_state(ctx)

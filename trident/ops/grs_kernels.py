@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .. import trace
 from ..device import signal, store, wait
-from .call_sync import clock, enter_call, finish_call, wait_peers_ready
+from .call_sync import enter_call, finish_call, wait_peers_ready
 from .tiles import shard_tile, tile_coords, tile_dot_range, tile_offsets
 
 
@@ -41,13 +41,13 @@ def push_tiles(first, step, a, b, slots, m, N, K, stride_am, stride_ak, stride_b
     ``slots[rank]``; with ``SIGNAL`` also release the tile's flag at the owner."""
     per_shard = tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(first, world_size * per_shard, step):
-        t0 = clock(TRACE)
+        t0 = trace.now_if(TRACE)
         owner, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank + 1, BLOCK_M, BLOCK_N, GROUP_M)
         row0 = owner * m + pid_m * BLOCK_M  # < M: an int32 (TMA coordinates are)
         acc = tile_dot_range(a, b, row0, pid_n * BLOCK_N, world_size * m, N, K, stride_am, stride_ak, stride_bk,
                              stride_bn, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
         trace.record(trace_ptr, trace.COMPUTE, tile, owner, t0, rank, TRACE)
-        t0 = clock(TRACE)
+        t0 = trace.now_if(TRACE)
         offs, mask = tile_offsets(pid_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)
         mine = slots + tl.cast(rank, tl.int64) * m * N  # my slot, at the same offset in every rank's heap
         store(mine + offs, acc.to(slots.dtype.element_ty), rank, owner, heap_bases, mask=mask)
@@ -106,11 +106,11 @@ def push_reduce_kernel(a, b, slots, m, N, K, stride_am, stride_ak, stride_bk, st
         num_pid_n = tl.cdiv(N, BLOCK_N)
         sources = tl.arange(0, WORLD_BLOCK)
         for tile in tl.range(pid - gemm_programs, num_pid_m * num_pid_n, tl.num_programs(0) - gemm_programs):
-            t0 = clock(TRACE)
+            t0 = trace.now_if(TRACE)
             wait(flags_ptr + sources * (num_pid_m * num_pid_n) + tile, epoch, rank, rank, heap_bases, cmp="ge",
                  mask=sources < world_size)
             trace.record(trace_ptr, trace.WAIT, tile, rank, t0, rank, TRACE)
-            t0 = clock(TRACE)
+            t0 = trace.now_if(TRACE)
             pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
             offs, mask = tile_offsets(pid_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)
             sum_slots(slots, c, offs, mask, m, N, world_size)

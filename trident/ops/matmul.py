@@ -17,6 +17,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import config as _config
+from .. import trace
 from ..backends import interpreter_fixups
 from .tiles import tile_coords, tile_dot, tile_dot_range, tile_offsets
 
@@ -32,7 +33,10 @@ class MatmulConfig:
     ``c_tma`` stores C through one too (when A, B and C allow), ``subtile`` in two halves.
     ``split_k`` > 1 cuts each tile's K range into that many work items, so a grid with few tiles
     (narrow N: the per-rank shards) still fills every SM; their fp32 parts are added in a
-    workspace and the last part of a tile to finish writes it.
+    workspace and the last part of a tile to finish writes it. ``stream_k`` instead gives every
+    program an equal share of the K iterations of the tiles that do not fill a whole last wave
+    (Stream-K, Osama et al. 2023): full waves of whole tiles first, then the rest cut across tile
+    boundaries, so no SM idles in a partial last wave. At most one of the two.
     """
 
     BLOCK_M: int = 128
@@ -47,6 +51,13 @@ class MatmulConfig:
     subtile: bool = False
     flatten: bool = False
     split_k: int = 1
+    stream_k: bool = False
+
+    def __post_init__(self):
+        if self.split_k < 1:
+            raise ValueError(f"MatmulConfig: split_k must be at least 1, got {self.split_k}")
+        if self.split_k > 1 and self.stream_k:
+            raise ValueError("MatmulConfig: split_k > 1 and stream_k=True are two ways to cut K; choose one")
 
 
 #: The simulator: small tiles, since every program runs in Python.
@@ -94,68 +105,122 @@ def pick_config(M: int, N: int, K: int, dtype: torch.dtype, backend: str | None 
 
 @triton.jit
 def matmul_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, part_ptr,
-                  count_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, C_TMA: tl.constexpr, SUBTILE: tl.constexpr,
-                  FLATTEN: tl.constexpr, SPLIT_K: tl.constexpr = 1):
+                  count_ptr, whole_tiles, trace_ptr, rank, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, C_TMA: tl.constexpr,
+                  SUBTILE: tl.constexpr, FLATTEN: tl.constexpr, SPLIT_K: tl.constexpr = 1,
+                  STREAM_K: tl.constexpr = False, TRACE: tl.constexpr = False):
     """``C = A @ B``, persistent: program ``pid`` computes tiles ``pid, pid + P, ...`` (P programs).
 
     With ``C_TMA`` the tile leaves through a descriptor (a bulk tensor store), in two halves along
     N when ``SUBTILE`` (half the shared memory for the epilogue, so more stages fit). With
-    ``SPLIT_K > 1`` see :func:`_split_k_tiles`.
+    ``SPLIT_K > 1`` or ``STREAM_K`` only the first ``whole_tiles`` tiles are computed whole; the
+    others are cut into parts along K (:func:`_cut_tiles`). With ``TRACE`` every tile (every
+    part) is recorded as a compute event of ``rank`` in the trace buffer ``trace_ptr``.
     """
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    if SPLIT_K > 1:
-        _split_k_tiles(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, part_ptr,
-                       count_ptr, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, SPLIT_K)
-    else:
-        for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0), flatten=FLATTEN):
-            pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-            acc = tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                           BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
-            if C_TMA:
-                if SUBTILE:
-                    halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-                    left, right = tl.split(halves)
-                    c.store([pid_m * BLOCK_M, pid_n * BLOCK_N], left.to(c.dtype))
-                    c.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], right.to(c.dtype))
-                else:
-                    c.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c.dtype))
-            else:
-                offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-                tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
+    for tile in tl.range(tl.program_id(0), whole_tiles, tl.num_programs(0), flatten=FLATTEN):
+        t0 = trace.now_if(TRACE)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+        _store_tile(c, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N, C_TMA, SUBTILE)
+        trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
+    if SPLIT_K > 1 or STREAM_K:
+        _cut_tiles(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, part_ptr,
+                   count_ptr, whole_tiles, trace_ptr, rank, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, C_TMA,
+                   SUBTILE, SPLIT_K, TRACE)
 
 
 @triton.jit
-def _split_k_tiles(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, part_ptr,
-                   count_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, SPLIT_K: tl.constexpr):
-    """Work item ``w`` is part ``w % SPLIT_K`` of the K range of tile ``w // SPLIT_K``.
+def _store_tile(c, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                C_TMA: tl.constexpr, SUBTILE: tl.constexpr):
+    """Store an fp32 tile into C in C's dtype: through the descriptor ``c`` (``C_TMA``; in two
+    halves along N when ``SUBTILE``) or through the pointer ``c`` with the edges masked."""
+    if C_TMA:
+        if SUBTILE:
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            c.store([pid_m * BLOCK_M, pid_n * BLOCK_N], left.to(c.dtype))
+            c.store([pid_m * BLOCK_M, pid_n * BLOCK_N + BLOCK_N // 2], right.to(c.dtype))
+        else:
+            c.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c.dtype))
+    else:
+        offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+        tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
 
-    Each part adds its fp32 result into ``part_ptr`` (an M x N fp32 workspace, zero at the start),
-    then counts itself in ``count_ptr[tile]`` (acq_rel): the part that counts last holds every
-    part's sum, reads it and stores the tile into C. Nothing waits, so the simulator's one-after-
-    another programs are fine.
+
+@triton.jit
+def _cut_tiles(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, part_ptr,
+               count_ptr, first_tile, trace_ptr, rank, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, C_TMA: tl.constexpr,
+               SUBTILE: tl.constexpr, SPLIT_K: tl.constexpr, TRACE: tl.constexpr):
+    """Tiles ``first_tile ..`` in parts along K, as ``(tile, K blocks k0 .. k1 - 1)`` pieces.
+
+    Split-K (``SPLIT_K > 1``): work item ``w`` is part ``w % SPLIT_K`` of tile ``w // SPLIT_K``.
+    Stream-K (``SPLIT_K == 1``): the K iterations of all these tiles, tile after tile, are cut
+    into one contiguous range per program; a range may end in the middle of one tile and go on
+    through the next ones. Each piece goes through :func:`_add_part`.
     """
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    per_part = tl.cdiv(k_tiles, SPLIT_K)
-    for work in tl.range(tl.program_id(0), num_pid_m * num_pid_n * SPLIT_K, tl.num_programs(0)):
-        tile = work // SPLIT_K
-        k_first = (work % SPLIT_K) * per_part
-        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = tile_dot_range(a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, stride_am, stride_ak, stride_bk,
-                             stride_bn, k_first, tl.minimum(k_first + per_part, k_tiles), BLOCK_M, BLOCK_N, BLOCK_K,
-                             USE_TMA)
-        part_offs, mask = tile_offsets(pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
-        tl.atomic_add(part_ptr + part_offs, acc, mask=mask, sem="relaxed", scope="gpu")
+    tiles = num_pid_m * num_pid_n - first_tile
+    if SPLIT_K > 1:
+        for work in tl.range(tl.program_id(0), tiles * SPLIT_K, tl.num_programs(0)):
+            part = work % SPLIT_K  # K blocks split evenly: no part is empty (the host keeps SPLIT_K <= k_tiles)
+            _add_part(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                      part_ptr, count_ptr, first_tile, work // SPLIT_K, part * k_tiles // SPLIT_K,
+                      (part + 1) * k_tiles // SPLIT_K, k_tiles, trace_ptr, rank, num_pid_m, num_pid_n,
+                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, C_TMA, SUBTILE, TRACE)
+    else:
+        # Program p's range: an equal share of the iterations, the first (total % P) one longer.
+        total = tiles * k_tiles
+        pid = tl.program_id(0)
+        share = total // tl.num_programs(0)
+        longer = total % tl.num_programs(0)
+        it = pid * share + tl.minimum(pid, longer)
+        end = it + share + (pid < longer).to(tl.int32)
+        while it < end:
+            tile = it // k_tiles
+            k0 = it - tile * k_tiles
+            k1 = tl.minimum(k_tiles, k0 + (end - it))
+            _add_part(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                      part_ptr, count_ptr, first_tile, tile, k0, k1, k_tiles, trace_ptr, rank,
+                      num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, C_TMA, SUBTILE, TRACE)
+            it += k1 - k0
+
+
+@triton.jit
+def _add_part(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, part_ptr,
+              count_ptr, first_tile, cut_tile, k0, k1, k_tiles, trace_ptr, rank, num_pid_m, num_pid_n,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+              USE_TMA: tl.constexpr, C_TMA: tl.constexpr, SUBTILE: tl.constexpr, TRACE: tl.constexpr):
+    """K blocks ``k0 .. k1 - 1`` of tile ``first_tile + cut_tile``.
+
+    A piece that covers the whole K range stores the tile. Any other adds its fp32 sum into the
+    tile's slot of ``part_ptr`` (``cut_tile``-th block of ``BLOCK_M * BLOCK_N``, zero at the
+    start), then counts its K blocks into ``count_ptr[cut_tile]`` (acq_rel): the piece whose count
+    completes ``k_tiles`` holds every piece's sum, reads it and stores the tile into C. Nothing
+    waits, so the simulator's one-after-another programs are fine.
+    """
+    t0 = trace.now_if(TRACE)
+    tile = first_tile + cut_tile
+    pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+    acc = tile_dot_range(a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, stride_am, stride_ak, stride_bk,
+                         stride_bn, k0, k1, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+    if k1 - k0 == k_tiles:
+        _store_tile(c, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N, C_TMA, SUBTILE)
+    else:
+        block = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        slot = part_ptr + tl.cast(cut_tile, tl.int64) * (BLOCK_M * BLOCK_N) + block
+        tl.atomic_add(slot, acc, sem="relaxed", scope="gpu")
         tl.debug_barrier()  # every thread's adds before the count's release
-        if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+        if tl.atomic_add(count_ptr + cut_tile, k1 - k0, sem="acq_rel", scope="gpu") + (k1 - k0) == k_tiles:
             tl.debug_barrier()  # the acquire (one thread) before every thread's read
-            total = tl.load(part_ptr + part_offs, mask=mask, cache_modifier=".cg")
-            offs, _ = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-            tl.store(c + offs, total.to(c.dtype.element_ty), mask=mask)
+            total = tl.load(slot, cache_modifier=".cg")
+            _store_tile(c, total, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N, C_TMA, SUBTILE)
+    trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
 
 
 def tma_ok(t: torch.Tensor) -> bool:
@@ -219,27 +284,59 @@ def check_operands(A: torch.Tensor, B: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what}: K mismatch: A is {tuple(A.shape)} (M x K) but B is {tuple(B.shape)} (K x N)")
 
 
-def launch_matmul(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: MatmulConfig) -> None:
-    """Launch the persistent matmul ``C = A @ B`` on the current stream (no checks; C may be a strided view)."""
+def cut_tiles(tiles: int, programs: int, cfg: MatmulConfig, k_tiles: int) -> int:
+    """How many tiles the matmul computes whole (the rest are cut along K).
+
+    Split-K cuts every tile. Stream-K keeps whole the full waves but one: the last full wave and
+    the partial one are shared out evenly (fewer pieces than cutting everything, and each program
+    still gets more than one tile's worth); with no partial wave nothing is cut.
+
+    Example::
+
+        cut_tiles(320, 132, MatmulConfig(stream_k=True), 576)   # 132: tiles 132..319 are shared out
+    """
+    if cfg.split_k > 1 and k_tiles > 1:
+        return 0
+    if not cfg.stream_k or tiles % programs == 0 or k_tiles == 1:
+        return tiles
+    return max(0, tiles // programs - 1) * programs
+
+
+def launch_matmul(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: MatmulConfig,
+                  trace_ptr: torch.Tensor | None = None, rank: int = 0) -> None:
+    """Launch the persistent matmul ``C = A @ B`` on the current stream (no checks; C may be a strided view).
+
+    With ``trace_ptr`` (a trace buffer, :class:`trident.trace.Trace`'s ``ptr``) every tile is
+    recorded as a compute event of ``rank``.
+    """
     M, K = A.shape
     N = B.shape[1]
     if not A.is_cuda:  # the simulator's interpreter fix-ups (loops over runtime sizes), also without a context
         interpreter_fixups.apply()
     a, b, use_tma = operands(A, B, cfg)
-    c_tma = use_tma and cfg.c_tma and cfg.split_k == 1 and tma_ok(C)
+    c_tma = use_tma and cfg.c_tma and tma_ok(C)
     c = TensorDescriptor.from_tensor(C, [cfg.BLOCK_M, cfg.BLOCK_N // (2 if cfg.subtile else 1)]) if c_tma else C
     tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
-    split = max(1, min(cfg.split_k, triton.cdiv(K, cfg.BLOCK_K)))
-    if split > 1:  # per call, on the stream: fp32 parts and per-tile counts start at zero
-        part = torch.zeros(M, N, dtype=torch.float32, device=A.device)
-        count = torch.zeros(tiles, dtype=torch.int32, device=A.device)
+    k_tiles = triton.cdiv(K, cfg.BLOCK_K)
+    split = max(1, min(cfg.split_k, k_tiles))
+    programs = cfg.programs or sm_count(A.device)
+    whole = cut_tiles(tiles, programs, cfg, k_tiles)
+    if whole < tiles:  # per call, on the stream: fp32 parts and per-tile counts start at zero
+        part = torch.zeros((tiles - whole) * cfg.BLOCK_M * cfg.BLOCK_N, dtype=torch.float32, device=A.device)
+        count = torch.zeros(tiles - whole, dtype=torch.int32, device=A.device)
+        work = whole + (tiles - whole) * (split if split > 1 else k_tiles)
     else:
         part = count = C  # unused
-    grid = (num_programs(A.device, tiles * split, cfg),)
+        work = tiles
+    grid = (num_programs(A.device, work, cfg),)
     matmul_kernel[grid](a, b, c, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0),
-                        C.stride(1), part, count, SPLIT_K=split, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
+                        C.stride(1), part, count, whole, C if trace_ptr is None else trace_ptr, rank,
+                        SPLIT_K=split, STREAM_K=cfg.stream_k and whole < tiles, TRACE=trace_ptr is not None,
+                        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
                         BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, USE_TMA=use_tma, C_TMA=c_tma,
-                        SUBTILE=cfg.subtile, FLATTEN=cfg.flatten,
+                        SUBTILE=cfg.subtile,
+                        # Triton 3.6 fails to flatten a loop that holds the trace's conditional store
+                        FLATTEN=cfg.flatten and trace_ptr is None,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 

@@ -21,9 +21,9 @@ Host side::
 See docs/tracing.md.
 """
 
-from .device import COMM, COMPUTE, KIND_NAMES, WAIT, now, record
+from .device import COMM, COMPUTE, KIND_NAMES, WAIT, now, now_if, record
 from .export import chrome_trace, plot_timeline, write_chrome
 from .host import Event, Events, Trace, decode
 
-__all__ = ["now", "record", "COMPUTE", "COMM", "WAIT", "KIND_NAMES", "Trace", "Event", "Events", "decode",
+__all__ = ["now", "now_if", "record", "COMPUTE", "COMM", "WAIT", "KIND_NAMES", "Trace", "Event", "Events", "decode",
            "chrome_trace", "write_chrome", "plot_timeline"]

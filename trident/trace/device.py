@@ -4,7 +4,8 @@ A trace buffer is an int64 tensor on the heap (made by :class:`trident.trace.Tra
 
     word 0        how many events kernels tried to record (a slot counter, bumped atomically)
     word 1        capacity: how many records fit
-    words 2..7    unused (keeps records 64-byte aligned)
+    word 2        start time of the open host span (:meth:`trident.trace.Trace.span`)
+    words 3..7    unused (keeps records 64-byte aligned)
     word 8 + 8*i  record i: kind, program, tile, peer, t_start, t_end, rank, 1 (written)
 
 ``record`` reserves a slot with one atomic add and writes the record only when the slot is
@@ -34,7 +35,9 @@ FIELDS = ("kind", "program", "tile", "peer", "t_start", "t_end", "rank", "writte
 _HEADER = tl.constexpr(HEADER_WORDS)
 _RECORD = tl.constexpr(RECORD_WORDS)
 _COUNT = tl.constexpr(COUNT_WORD)
+SPAN_START_WORD = 2
 _CAPACITY = tl.constexpr(CAPACITY_WORD)
+_SPAN_START = tl.constexpr(SPAN_START_WORD)
 
 
 @triton.jit
@@ -49,6 +52,23 @@ def now():
         trident.trace.record(trace_ptr, trident.trace.COMPUTE, tile, rank, t0, rank, TRACE)
     """
     return now_ns()
+
+
+@triton.jit
+def now_if(TRACE: tl.constexpr):
+    """:func:`now` when ``TRACE`` (a constexpr), else 0 without reading the timer: the start
+    time of an event that a kernel records only when tracing.
+
+    Example::
+
+        t0 = trident.trace.now_if(TRACE)
+        ...  # compute a tile
+        trident.trace.record(trace_ptr, trident.trace.COMPUTE, tile, rank, t0, rank, TRACE)
+    """
+    t = 0
+    if TRACE:
+        t = now_ns()
+    return t
 
 
 @triton.jit
@@ -92,3 +112,15 @@ def record(trace_ptr, kind, tile, peer, t_start, rank, ENABLED: tl.constexpr):
             values = ((f == 0) * kind + (f == 1) * _program_id().to(tl.int64) + (f == 2) * tile
                       + (f == 3) * peer + (f == 4) * t_start + (f == 5) * t_end + (f == 6) * rank + (f == 7))
             tl.store(base + _HEADER + slot * _RECORD + f, values.to(tl.int64))
+
+
+@triton.jit
+def span_start_kernel(trace_ptr):
+    """One program: store the timer into the buffer's span word (the start of a host span)."""
+    tl.store(trace_ptr + _SPAN_START, now())
+
+
+@triton.jit
+def span_end_kernel(trace_ptr, kind, tile, peer, rank):
+    """One program: record an event from the span word's time until now."""
+    record(trace_ptr, kind, tile, peer, tl.load(trace_ptr + _SPAN_START), rank, True)

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
 
-from .device import CAPACITY_WORD, COUNT_WORD, FIELDS, HEADER_WORDS, KIND_NAMES, RECORD_WORDS
+from .device import (
+    CAPACITY_WORD,
+    COMM,
+    COUNT_WORD,
+    FIELDS,
+    HEADER_WORDS,
+    KIND_NAMES,
+    RECORD_WORDS,
+    span_end_kernel,
+    span_start_kernel,
+)
 
 
 class Event(NamedTuple):
@@ -108,6 +119,30 @@ class Trace:
         self.tensor.zero_()
         self.tensor[CAPACITY_WORD] = self.capacity
         self._gathered = None
+
+    @contextlib.contextmanager
+    def span(self, kind: int = COMM, tile: int = 0, peer: int | None = None):
+        """Record the device work queued inside the block, on the current stream, as one event.
+
+        For work whose kernels record nothing (a library collective, a torch call): a
+        one-program kernel reads the timer before the block's work and another records the event
+        after it, both stream-ordered, so the event spans that work. It shows as program 0.
+        Spans do not nest (one start word per buffer).
+
+        Args:
+            kind: the event kind (``trident.trace.COMM`` by default).
+            tile: the event's tile number.
+            peer: the rank the work talks to (default: this rank).
+
+        Example::
+
+            with trace.span(trident.trace.COMM):
+                trident.ccl.all_gather(ctx, out, inp)
+        """
+        span_start_kernel[(1,)](self.tensor)
+        yield self
+        rank = self.ctx.rank
+        span_end_kernel[(1,)](self.tensor, int(kind), int(tile), rank if peer is None else int(peer), rank)
 
     def events(self) -> Events:
         """This rank's events, decoded (waits for this rank's device work first).
