@@ -155,12 +155,12 @@ def _cut_tiles(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, str
                count_ptr, first_tile, trace_ptr, rank, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, C_TMA: tl.constexpr,
                SUBTILE: tl.constexpr, SPLIT_K: tl.constexpr, TRACE: tl.constexpr):
-    """Tiles ``first_tile ..`` in parts along K, as ``(tile, K blocks k0 .. k1 - 1)`` pieces.
+    """Tiles ``first_tile ..`` in pieces along K, as ``(tile, K blocks k0 .. k1 - 1)``.
 
     Split-K (``SPLIT_K > 1``): work item ``w`` is part ``w % SPLIT_K`` of tile ``w // SPLIT_K``.
     Stream-K (``SPLIT_K == 1``): the K iterations of all these tiles, tile after tile, are cut
     into one contiguous range per program; a range may end in the middle of one tile and go on
-    through the next ones. Each piece goes through :func:`_add_part`.
+    through the next ones. Each piece goes through :func:`_add_piece`.
     """
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -169,40 +169,53 @@ def _cut_tiles(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, str
     if SPLIT_K > 1:
         for work in tl.range(tl.program_id(0), tiles * SPLIT_K, tl.num_programs(0)):
             part = work % SPLIT_K  # K blocks split evenly: no part is empty (the host keeps SPLIT_K <= k_tiles)
-            _add_part(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                      part_ptr, count_ptr, first_tile, work // SPLIT_K, part * k_tiles // SPLIT_K,
-                      (part + 1) * k_tiles // SPLIT_K, k_tiles, trace_ptr, rank, num_pid_m, num_pid_n,
-                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, C_TMA, SUBTILE, TRACE)
+            cut_tile = work // SPLIT_K
+            _add_piece(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                       part_ptr, count_ptr, first_tile, cut_tile, part * k_tiles // SPLIT_K,
+                       (part + 1) * k_tiles // SPLIT_K, k_tiles, cut_tile * SPLIT_K + part, part, 0, 0, trace_ptr,
+                       rank, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, C_TMA, SUBTILE,
+                       SPLIT_K, TRACE)
     else:
         # Program p's range: an equal share of the iterations, the first (total % P) one longer.
         total = tiles * k_tiles
         pid = tl.program_id(0)
         share = total // tl.num_programs(0)
         longer = total % tl.num_programs(0)
-        it = pid * share + tl.minimum(pid, longer)
-        end = it + share + (pid < longer).to(tl.int32)
+        start = _range_start(pid, share, longer)
+        end = _range_start(pid + 1, share, longer)
+        it = start
         while it < end:
-            tile = it // k_tiles
-            k0 = it - tile * k_tiles
+            cut_tile = it // k_tiles
+            k0 = it - cut_tile * k_tiles
             k1 = tl.minimum(k_tiles, k0 + (end - it))
-            _add_part(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                      part_ptr, count_ptr, first_tile, tile, k0, k1, k_tiles, trace_ptr, rank,
-                      num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, C_TMA, SUBTILE, TRACE)
+            # Slots: 2 per program, the first piece of its range in 2p, the last in 2p + 1.
+            _add_piece(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                       part_ptr, count_ptr, first_tile, cut_tile, k0, k1, k_tiles, 2 * pid + (it != start), pid,
+                       share, longer, trace_ptr, rank, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                       USE_TMA, C_TMA, SUBTILE, SPLIT_K, TRACE)
             it += k1 - k0
 
 
 @triton.jit
-def _add_part(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, part_ptr,
-              count_ptr, first_tile, cut_tile, k0, k1, k_tiles, trace_ptr, rank, num_pid_m, num_pid_n,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-              USE_TMA: tl.constexpr, C_TMA: tl.constexpr, SUBTILE: tl.constexpr, TRACE: tl.constexpr):
+def _range_start(p, share, longer):
+    """First iteration of stream-K program ``p``'s range (the first ``longer`` ranges are one longer)."""
+    return p * share + tl.minimum(p, longer)
+
+
+@triton.jit
+def _add_piece(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, part_ptr,
+               count_ptr, first_tile, cut_tile, k0, k1, k_tiles, slot, piece, share, longer, trace_ptr, rank,
+               num_pid_m, num_pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, C_TMA: tl.constexpr, SUBTILE: tl.constexpr,
+               SPLIT_K: tl.constexpr, TRACE: tl.constexpr):
     """K blocks ``k0 .. k1 - 1`` of tile ``first_tile + cut_tile``.
 
-    A piece that covers the whole K range stores the tile. Any other adds its fp32 sum into the
-    tile's slot of ``part_ptr`` (``cut_tile``-th block of ``BLOCK_M * BLOCK_N``, zero at the
-    start), then counts its K blocks into ``count_ptr[cut_tile]`` (acq_rel): the piece whose count
-    completes ``k_tiles`` holds every piece's sum, reads it and stores the tile into C. Nothing
-    waits, so the simulator's one-after-another programs are fine.
+    A piece that covers the whole K range stores the tile. Any other stores its fp32 sum into its
+    own ``slot`` of ``part_ptr`` (blocks of ``BLOCK_M * BLOCK_N``; plain stores, no atomics: on
+    the H200 fp32 atomics made these pieces several times slower), then counts its K blocks into
+    ``count_ptr[cut_tile]`` (acq_rel). The piece whose count completes ``k_tiles`` is last: it adds
+    the other pieces' slots to its own sum and stores the tile into C. Nothing waits, so the
+    simulator's one-after-another programs are fine.
     """
     t0 = trace.now_if(TRACE)
     tile = first_tile + cut_tile
@@ -213,14 +226,33 @@ def _add_part(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stri
         _store_tile(c, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N, C_TMA, SUBTILE)
     else:
         block = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        slot = part_ptr + tl.cast(cut_tile, tl.int64) * (BLOCK_M * BLOCK_N) + block
-        tl.atomic_add(slot, acc, sem="relaxed", scope="gpu")
-        tl.debug_barrier()  # every thread's adds before the count's release
+        tl.store(part_ptr + tl.cast(slot, tl.int64) * (BLOCK_M * BLOCK_N) + block, acc)
+        tl.debug_barrier()  # every thread's stores before the count's release
         if tl.atomic_add(count_ptr + cut_tile, k1 - k0, sem="acq_rel", scope="gpu") + (k1 - k0) == k_tiles:
-            tl.debug_barrier()  # the acquire (one thread) before every thread's read
-            total = tl.load(slot, cache_modifier=".cg")
-            _store_tile(c, total, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N, C_TMA, SUBTILE)
+            tl.debug_barrier()  # the acquire (one thread) before every thread's reads
+            if SPLIT_K > 1:
+                for q in range(0, SPLIT_K):
+                    if q != piece:
+                        other = tl.cast(cut_tile * SPLIT_K + q, tl.int64) * (BLOCK_M * BLOCK_N)
+                        acc += tl.load(part_ptr + other + block, cache_modifier=".cg")
+            else:
+                # The tile's other pieces: programs first .. last of its iteration range.
+                t_first = cut_tile * k_tiles
+                first = _range_owner(t_first, share, longer)
+                for q in range(first, _range_owner(t_first + k_tiles - 1, share, longer) + 1):
+                    if q != piece:  # q's first piece, except for the range that began before the tile
+                        other = 2 * q + (_range_start(q, share, longer) < t_first).to(tl.int32)
+                        acc += tl.load(part_ptr + tl.cast(other, tl.int64) * (BLOCK_M * BLOCK_N) + block,
+                                       cache_modifier=".cg")
+            _store_tile(c, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N, C_TMA, SUBTILE)
     trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
+
+
+@triton.jit
+def _range_owner(i, share, longer):
+    """The stream-K program whose range holds iteration ``i`` (inverse of :func:`_range_start`)."""
+    big = longer * (share + 1)
+    return tl.where(i < big, i // (share + 1), longer + (i - big) // tl.maximum(share, 1))
 
 
 def tma_ok(t: torch.Tensor) -> bool:
@@ -321,10 +353,11 @@ def launch_matmul(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: Matmul
     split = max(1, min(cfg.split_k, k_tiles))
     programs = cfg.programs or sm_count(A.device)
     whole = cut_tiles(tiles, programs, cfg, k_tiles)
-    if whole < tiles:  # per call, on the stream: fp32 parts and per-tile counts start at zero
-        part = torch.zeros((tiles - whole) * cfg.BLOCK_M * cfg.BLOCK_N, dtype=torch.float32, device=A.device)
-        count = torch.zeros(tiles - whole, dtype=torch.int32, device=A.device)
+    if whole < tiles:  # per call, on the stream: per-tile counts start at zero (the slots are overwritten)
         work = whole + (tiles - whole) * (split if split > 1 else k_tiles)
+        slots = (tiles - whole) * split if split > 1 else 2 * num_programs(A.device, work, cfg)
+        part = torch.empty(slots * cfg.BLOCK_M * cfg.BLOCK_N, dtype=torch.float32, device=A.device)
+        count = torch.zeros(tiles - whole, dtype=torch.int32, device=A.device)
     else:
         part = count = C  # unused
         work = tiles
