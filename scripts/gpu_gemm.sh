@@ -6,7 +6,7 @@
 #   tp: all_gather_gemm / gemm_reduce_scatter tests on the GPU (ranks sharing it), then both benchmarks
 #       and gemm-all-scatter at one rank with --trace (each pattern against the GEMM alone, and timelines)
 #   fused-bench: those three benchmarks only
-#   streamk: matmul/trace tests on the GPU, the stream-K candidates against the table's configs,
+#   streamk: matmul/trace tests on the GPU, the split_tail candidates against the table's configs,
 #       and the cuBLAS kernels torch.matmul runs on the shard shapes
 #   timelines: gemm-all-scatter with 2 ranks sharing the GPU, traced (comm events; not a speed figure)
 set -u
@@ -66,7 +66,7 @@ if [ "$what" = streamk ]; then
     tests/test_ops_matmul.py tests/test_trace.py tests/test_ops_gemm_all_scatter.py::test_trace_records_every_tile \
     tests/test_ops_tensor_parallel.py::test_trace_records_every_tile 2>&1 | tee "$OUT/pytest_streamk_cuda.log" | tail -8
   echo "pytest exit: $?"
-  timeout ${GEMM_LIMIT:-300} python3 -m trident.bench.gemm --sweep --only ${ONLY:-stream_k=True} --repeats 20 \
+  timeout ${GEMM_LIMIT:-300} python3 -m trident.bench.gemm --sweep --only ${ONLY:-split_tail=True} --repeats 20 \
     --shapes ${GEMM_SHAPES:-8192x576x36864,8192x448x14336,4096x4096x4096,8192x4608x36864,8192x3584x14336} \
     --dtype bfloat16 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/gemm_streamk.log" | tail -14
   python3 - <<'PY' 2>&1 | tee "$OUT/cublas_kernels.log"

@@ -227,9 +227,9 @@ def test_cli_bench_gemm_checks_and_plots(tmp_path):
 def test_gemm_sweep_filter_picks_candidates_by_field():
     from trident.bench import gemm
 
-    picked = gemm.candidates("stream_k=True")
-    assert picked and all(c.stream_k for c in picked) and len(picked) < len(gemm.SWEEP)
-    assert gemm.candidates("stream_k=True,BLOCK_M=256") == [c for c in picked if c.BLOCK_M == 256]
+    picked = gemm.candidates("split_tail=True")
+    assert picked and all(c.split_tail for c in picked) and len(picked) < len(gemm.SWEEP)
+    assert gemm.candidates("split_tail=True,BLOCK_M=256") == [c for c in picked if c.BLOCK_M == 256]
     assert gemm.candidates(None) == gemm.SWEEP
     with pytest.raises(SystemExit, match="unknown config field"):
         gemm.candidates("blocks=3")

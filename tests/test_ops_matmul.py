@@ -19,16 +19,14 @@ CASES = [
     (40, 24, 104, MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1, split_k=3,
                                tma=False)),
     (32, 48, 64, MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, num_warps=4, num_stages=1, split_k=2)),
-    # stream-K on 4 programs: 15 tiles, 8 whole, then 7 x 7 K blocks shared out in ranges that
-    # cross tile boundaries; 2 tiles in 3 K blocks each over 4 programs; 6 tiles stored by descriptor
-    (80, 48, 112, MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1,
-                               stream_k=True, tma=False)),
-    (32, 16, 48, MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, num_warps=4, num_stages=1,
-                              stream_k=True)),
-    (48, 64, 80, MatmulConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1,
-                              stream_k=True, c_tma=True, subtile=True, programs=5)),
-    (16, 16, 160, MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, num_warps=4, num_stages=1,
-                               stream_k=True, programs=3)),  # one tile in three pieces
+    # split_tail on 4 programs (the simulator's): 9 tiles, 8 whole, the last in 2 parts; 2 tiles in 3
+    # parts each on 3 programs; 6 tiles, 5 whole, the last in 2 parts stored by descriptor
+    (48, 48, 256, MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1,
+                               split_tail=True, tma=False)),
+    (32, 16, 512, MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, num_warps=4, num_stages=1,
+                               split_tail=True, programs=3)),
+    (48, 64, 256, MatmulConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1,
+                               split_tail=True, c_tma=True, subtile=True, programs=5)),
 ]
 TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 5e-3}  # fp32 runs as TF32 on GPUs
 
@@ -72,23 +70,25 @@ def test_matmul_matches_torch_for_dtypes_shapes_and_configs(pool2):
         assert finite and err < tol, (key, err)
 
 
-def test_stream_k_keeps_all_full_waves_but_one_whole():
-    from trident.ops.matmul import cut_tiles
+def test_cut_plan_fills_the_last_waves_with_parts():
+    from trident.ops.matmul import cut_plan
 
-    sk = MatmulConfig(stream_k=True)
-    assert cut_tiles(320, 132, sk, 576) == 132  # 3 waves: the first whole, 188 tiles shared out
-    assert cut_tiles(160, 132, sk, 576) == 0  # 1.2 waves: everything shared out
-    assert cut_tiles(264, 132, sk, 576) == 264  # no partial wave: nothing to share
-    assert cut_tiles(100, 132, sk, 1) == 100  # one K block: nothing to cut
-    assert cut_tiles(320, 132, MatmulConfig(), 576) == 320
-    assert cut_tiles(320, 132, MatmulConfig(split_k=2), 576) == 0
+    tail = MatmulConfig(split_tail=True)
+    assert cut_plan(320, 132, tail, 576) == (264, 7)  # 2.43 waves of work instead of 3
+    assert cut_plan(97, 4, tail, 256) == (96, 4)  # 24 waves and one tile: the tile in 4 parts, one a program
+    assert cut_plan(264, 132, tail, 576) == (264, 1)  # no partial wave: nothing to cut
+    assert cut_plan(512, 132, tail, 64) == (512, 1)  # 3.9 waves: cutting gains less than it costs
+    assert cut_plan(200, 132, tail, 15) == (200, 1)  # parts would be shorter than 8 K blocks
+    assert cut_plan(320, 132, MatmulConfig(), 576) == (320, 1)
+    assert cut_plan(320, 132, MatmulConfig(split_k=3), 576) == (0, 3)
+    assert cut_plan(320, 132, MatmulConfig(split_k=3), 2) == (0, 2)
 
 
 def test_config_refuses_two_ways_to_cut_k():
     import pytest
 
     with pytest.raises(ValueError, match="choose one"):
-        MatmulConfig(split_k=2, stream_k=True)
+        MatmulConfig(split_k=2, split_tail=True)
     with pytest.raises(ValueError, match="at least 1"):
         MatmulConfig(split_k=0)
 

@@ -37,11 +37,11 @@ SWEEP = [
     # split-K, for the narrow shards (more work items than tiles; not in the table until measured)
     C(128, 128, 64, 8, 4, 4, split_k=2), C(128, 128, 64, 8, 8, 4, split_k=2), C(128, 128, 64, 8, 4, 4, split_k=3),
     C(128, 256, 64, 8, 8, 3, split_k=2), C(128, 256, 64, 8, 8, 3, split_k=3),
-    # stream-K: the last full wave and the partial one shared out along K
-    C(256, 128, 64, 8, 8, 4, c_tma=True, subtile=True, stream_k=True), C(256, 128, 64, 8, 8, 3, stream_k=True),
-    C(128, 256, 64, 8, 8, 4, c_tma=True, subtile=True, stream_k=True),
-    C(128, 256, 64, 8, 8, 3, flatten=True, stream_k=True),
-    C(128, 128, 64, 8, 4, 4, stream_k=True), C(128, 128, 64, 8, 8, 4, stream_k=True),
+    # split_tail: the tiles of the last wave(s) cut along K so the parts fill whole waves
+    C(128, 128, 64, 8, 4, 4, split_tail=True), C(128, 128, 64, 8, 8, 4, split_tail=True),
+    C(128, 256, 64, 8, 8, 3, flatten=True, split_tail=True), C(128, 256, 64, 8, 8, 3, split_tail=True),
+    C(256, 128, 64, 8, 8, 4, c_tma=True, subtile=True, split_tail=True),
+    C(128, 256, 64, 8, 8, 4, c_tma=True, subtile=True, split_tail=True),
 ]
 
 
@@ -79,7 +79,7 @@ def bench_shape(M, N, K, dtype, device, configs, warmup, repeats) -> list[dict]:
 
 
 def candidates(only: str | None) -> list[MatmulConfig]:
-    """The sweep's configs, or those whose fields match ``only`` (``"stream_k=True,BLOCK_M=256"``)."""
+    """The sweep's configs, or those whose fields match ``only`` (``"split_tail=True,BLOCK_M=256"``)."""
     if not only:
         return list(SWEEP)
     wanted = dict(item.split("=", 1) for item in only.split(","))
@@ -96,7 +96,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--shapes", default=None, help="MxNxK,MxNxK,... (default: the paper's shapes)")
     parser.add_argument("--sweep", action="store_true", help="also time the candidate configs")
     parser.add_argument("--only", default=None, metavar="FIELD=VALUE,...",
-                        help="sweep only the candidates with these config fields, e.g. stream_k=True")
+                        help="sweep only the candidates with these config fields, e.g. split_tail=True")
     harness.add_common_args(parser, "gemm", warmup=5, repeats=30)
     return parser.parse_args(argv)
 

@@ -33,10 +33,11 @@ class MatmulConfig:
     ``c_tma`` stores C through one too (when A, B and C allow), ``subtile`` in two halves.
     ``split_k`` > 1 cuts each tile's K range into that many work items, so a grid with few tiles
     (narrow N: the per-rank shards) still fills every SM; their fp32 parts are added in a
-    workspace and the last part of a tile to finish writes it. ``stream_k`` instead gives every
-    program an equal share of the K iterations of the tiles that do not fill a whole last wave
-    (Stream-K, Osama et al. 2023): full waves of whole tiles first, then the rest cut across tile
-    boundaries, so no SM idles in a partial last wave. At most one of the two.
+    workspace and the last part of a tile to finish writes it. ``split_tail`` cuts only the
+    tiles of the last wave(s), into as many parts as make the work fill every SM (:func:`cut_plan`),
+    so no SM idles in a partial last wave (the idea of Stream-K, Osama et al. 2023, with whole
+    parts: programs working at once read the same K range of neighbouring tiles, which keeps A and
+    B in L2). At most one of the two.
     """
 
     BLOCK_M: int = 128
@@ -51,13 +52,13 @@ class MatmulConfig:
     subtile: bool = False
     flatten: bool = False
     split_k: int = 1
-    stream_k: bool = False
+    split_tail: bool = False
 
     def __post_init__(self):
         if self.split_k < 1:
             raise ValueError(f"MatmulConfig: split_k must be at least 1, got {self.split_k}")
-        if self.split_k > 1 and self.stream_k:
-            raise ValueError("MatmulConfig: split_k > 1 and stream_k=True are two ways to cut K; choose one")
+        if self.split_k > 1 and self.split_tail:
+            raise ValueError("MatmulConfig: split_k > 1 and split_tail=True are two ways to cut K; choose one")
 
 
 #: The simulator: small tiles, since every program runs in Python.
@@ -105,17 +106,17 @@ def pick_config(M: int, N: int, K: int, dtype: torch.dtype, backend: str | None 
 
 @triton.jit
 def matmul_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, part_ptr,
-                  count_ptr, whole_tiles, trace_ptr, rank, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  count_ptr, whole_tiles, parts, trace_ptr, rank, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, C_TMA: tl.constexpr,
-                  SUBTILE: tl.constexpr, FLATTEN: tl.constexpr, SPLIT_K: tl.constexpr = 1,
-                  STREAM_K: tl.constexpr = False, TRACE: tl.constexpr = False):
+                  SUBTILE: tl.constexpr, FLATTEN: tl.constexpr, CUT: tl.constexpr = False,
+                  TRACE: tl.constexpr = False):
     """``C = A @ B``, persistent: program ``pid`` computes tiles ``pid, pid + P, ...`` (P programs).
 
     With ``C_TMA`` the tile leaves through a descriptor (a bulk tensor store), in two halves along
-    N when ``SUBTILE`` (half the shared memory for the epilogue, so more stages fit). With
-    ``SPLIT_K > 1`` or ``STREAM_K`` only the first ``whole_tiles`` tiles are computed whole; the
-    others are cut into parts along K (:func:`_cut_tiles`). With ``TRACE`` every tile (every
-    part) is recorded as a compute event of ``rank`` in the trace buffer ``trace_ptr``.
+    N when ``SUBTILE`` (half the shared memory for the epilogue, so more stages fit). With ``CUT``
+    only the first ``whole_tiles`` tiles are computed whole; each of the others is cut into
+    ``parts`` along K (:func:`_cut_tiles`). With ``TRACE`` every tile (every part) is recorded
+    as a compute event of ``rank`` in the trace buffer ``trace_ptr``.
     """
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -126,10 +127,10 @@ def matmul_kernel(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, 
                        BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
         _store_tile(c, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N, C_TMA, SUBTILE)
         trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
-    if SPLIT_K > 1 or STREAM_K:
+    if CUT:
         _cut_tiles(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, part_ptr,
-                   count_ptr, whole_tiles, trace_ptr, rank, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, C_TMA,
-                   SUBTILE, SPLIT_K, TRACE)
+                   count_ptr, whole_tiles, parts, trace_ptr, rank, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA,
+                   C_TMA, SUBTILE, TRACE)
 
 
 @triton.jit
@@ -152,107 +153,55 @@ def _store_tile(c, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M: tl.co
 
 @triton.jit
 def _cut_tiles(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, part_ptr,
-               count_ptr, first_tile, trace_ptr, rank, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               count_ptr, first_tile, parts, trace_ptr, rank, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, C_TMA: tl.constexpr,
-               SUBTILE: tl.constexpr, SPLIT_K: tl.constexpr, TRACE: tl.constexpr):
-    """Tiles ``first_tile ..`` in pieces along K, as ``(tile, K blocks k0 .. k1 - 1)``.
+               SUBTILE: tl.constexpr, TRACE: tl.constexpr):
+    """Tiles ``first_tile ..``, each cut into ``parts`` parts along K (K blocks split evenly; the
+    host keeps ``parts <= `` the K blocks, so none is empty).
 
-    Split-K (``SPLIT_K > 1``): work item ``w`` is part ``w % SPLIT_K`` of tile ``w // SPLIT_K``.
-    Stream-K (``SPLIT_K == 1``): the K iterations of all these tiles, tile after tile, are cut
-    into one contiguous range per program; a range may end in the middle of one tile and go on
-    through the next ones. Each piece goes through :func:`_add_piece`.
+    Work item ``w`` is part ``w // n`` of cut tile ``w % n`` (n cut tiles): programs running at
+    the same time compute the same part of neighbouring tiles, i.e. read the same K range, so A
+    and B are shared in L2 as in the whole-tile loop. Each part goes through :func:`_add_part`.
     """
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    tiles = num_pid_m * num_pid_n - first_tile
-    if SPLIT_K > 1:
-        for work in tl.range(tl.program_id(0), tiles * SPLIT_K, tl.num_programs(0)):
-            part = work % SPLIT_K  # K blocks split evenly: no part is empty (the host keeps SPLIT_K <= k_tiles)
-            cut_tile = work // SPLIT_K
-            _add_piece(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                       part_ptr, count_ptr, first_tile, cut_tile, part * k_tiles // SPLIT_K,
-                       (part + 1) * k_tiles // SPLIT_K, k_tiles, cut_tile * SPLIT_K + part, part, 0, 0, trace_ptr,
-                       rank, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, C_TMA, SUBTILE,
-                       SPLIT_K, TRACE)
-    else:
-        # Program p's range: an equal share of the iterations, the first (total % P) one longer.
-        total = tiles * k_tiles
-        pid = tl.program_id(0)
-        share = total // tl.num_programs(0)
-        longer = total % tl.num_programs(0)
-        start = _range_start(pid, share, longer)
-        end = _range_start(pid + 1, share, longer)
-        it = start
-        while it < end:
-            cut_tile = it // k_tiles
-            k0 = it - cut_tile * k_tiles
-            k1 = tl.minimum(k_tiles, k0 + (end - it))
-            # Slots: 2 per program, the first piece of its range in 2p, the last in 2p + 1.
-            _add_piece(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                       part_ptr, count_ptr, first_tile, cut_tile, k0, k1, k_tiles, 2 * pid + (it != start), pid,
-                       share, longer, trace_ptr, rank, num_pid_m, num_pid_n, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
-                       USE_TMA, C_TMA, SUBTILE, SPLIT_K, TRACE)
-            it += k1 - k0
+    cut = num_pid_m * num_pid_n - first_tile
+    for work in tl.range(tl.program_id(0), cut * parts, tl.num_programs(0)):
+        part = work // cut
+        cut_tile = work % cut
+        t0 = trace.now_if(TRACE)
+        tile = first_tile + cut_tile
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = tile_dot_range(a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, stride_am, stride_ak, stride_bk,
+                             stride_bn, part * k_tiles // parts, (part + 1) * k_tiles // parts, BLOCK_M, BLOCK_N,
+                             BLOCK_K, USE_TMA)
+        _add_part(acc, c, part_ptr, count_ptr, cut_tile, part, parts, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                  BLOCK_M, BLOCK_N, C_TMA, SUBTILE)
+        trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
 
 
 @triton.jit
-def _range_start(p, share, longer):
-    """First iteration of stream-K program ``p``'s range (the first ``longer`` ranges are one longer)."""
-    return p * share + tl.minimum(p, longer)
+def _add_part(acc, c, part_ptr, count_ptr, cut_tile, part, parts, pid_m, pid_n, M, N, stride_cm, stride_cn,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C_TMA: tl.constexpr, SUBTILE: tl.constexpr):
+    """Part ``part`` (fp32 ``acc``) of cut tile ``cut_tile``: the last of its ``parts`` to finish stores the tile.
 
-
-@triton.jit
-def _add_piece(a, b, c, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, part_ptr,
-               count_ptr, first_tile, cut_tile, k0, k1, k_tiles, slot, piece, share, longer, trace_ptr, rank,
-               num_pid_m, num_pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, C_TMA: tl.constexpr, SUBTILE: tl.constexpr,
-               SPLIT_K: tl.constexpr, TRACE: tl.constexpr):
-    """K blocks ``k0 .. k1 - 1`` of tile ``first_tile + cut_tile``.
-
-    A piece that covers the whole K range stores the tile. Any other stores its fp32 sum into its
-    own ``slot`` of ``part_ptr`` (blocks of ``BLOCK_M * BLOCK_N``; plain stores, no atomics: on
-    the H200 fp32 atomics made these pieces several times slower), then counts its K blocks into
-    ``count_ptr[cut_tile]`` (acq_rel). The piece whose count completes ``k_tiles`` is last: it adds
-    the other pieces' slots to its own sum and stores the tile into C. Nothing waits, so the
-    simulator's one-after-another programs are fine.
+    Each part stores its sum into its own slot of ``part_ptr`` (``cut_tile * parts + part``,
+    blocks of ``BLOCK_M * BLOCK_N``; plain stores, not fp32 atomics, which cost more) and counts
+    itself in ``count_ptr[cut_tile]`` (acq_rel). The part that counts last adds the other parts'
+    slots to its own sum and stores the tile into C. Nothing waits, so the simulator's
+    one-after-another programs are fine.
     """
-    t0 = trace.now_if(TRACE)
-    tile = first_tile + cut_tile
-    pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-    acc = tile_dot_range(a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, stride_am, stride_ak, stride_bk,
-                         stride_bn, k0, k1, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
-    if k1 - k0 == k_tiles:
+    block = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    first_slot = part_ptr + tl.cast(cut_tile, tl.int64) * parts * (BLOCK_M * BLOCK_N)
+    tl.store(first_slot + part * (BLOCK_M * BLOCK_N) + block, acc)
+    tl.debug_barrier()  # every thread's stores before the count's release
+    if tl.atomic_add(count_ptr + cut_tile, 1, sem="acq_rel", scope="gpu") == parts - 1:
+        tl.debug_barrier()  # the acquire (one thread) before every thread's reads
+        for other in range(0, parts):
+            if other != part:
+                acc += tl.load(first_slot + other * (BLOCK_M * BLOCK_N) + block, cache_modifier=".cg")
         _store_tile(c, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N, C_TMA, SUBTILE)
-    else:
-        block = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        tl.store(part_ptr + tl.cast(slot, tl.int64) * (BLOCK_M * BLOCK_N) + block, acc)
-        tl.debug_barrier()  # every thread's stores before the count's release
-        if tl.atomic_add(count_ptr + cut_tile, k1 - k0, sem="acq_rel", scope="gpu") + (k1 - k0) == k_tiles:
-            tl.debug_barrier()  # the acquire (one thread) before every thread's reads
-            if SPLIT_K > 1:
-                for q in range(0, SPLIT_K):
-                    if q != piece:
-                        other = tl.cast(cut_tile * SPLIT_K + q, tl.int64) * (BLOCK_M * BLOCK_N)
-                        acc += tl.load(part_ptr + other + block, cache_modifier=".cg")
-            else:
-                # The tile's other pieces: programs first .. last of its iteration range.
-                t_first = cut_tile * k_tiles
-                first = _range_owner(t_first, share, longer)
-                for q in range(first, _range_owner(t_first + k_tiles - 1, share, longer) + 1):
-                    if q != piece:  # q's first piece, except for the range that began before the tile
-                        other = 2 * q + (_range_start(q, share, longer) < t_first).to(tl.int32)
-                        acc += tl.load(part_ptr + tl.cast(other, tl.int64) * (BLOCK_M * BLOCK_N) + block,
-                                       cache_modifier=".cg")
-            _store_tile(c, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N, C_TMA, SUBTILE)
-    trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
-
-
-@triton.jit
-def _range_owner(i, share, longer):
-    """The stream-K program whose range holds iteration ``i`` (inverse of :func:`_range_start`)."""
-    big = longer * (share + 1)
-    return tl.where(i < big, i // (share + 1), longer + (i - big) // tl.maximum(share, 1))
 
 
 def tma_ok(t: torch.Tensor) -> bool:
@@ -316,22 +265,40 @@ def check_operands(A: torch.Tensor, B: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what}: K mismatch: A is {tuple(A.shape)} (M x K) but B is {tuple(B.shape)} (K x N)")
 
 
-def cut_tiles(tiles: int, programs: int, cfg: MatmulConfig, k_tiles: int) -> int:
-    """How many tiles the matmul computes whole (the rest are cut along K).
+#: Cost of cutting a tile (its partial sums written and read back), in tile-times: a plan that
+#: cuts must beat keeping every tile whole by more than this.
+CUT_COST = 0.05
+#: The fewest K blocks in a part (shorter loops do not keep the pipeline full).
+MIN_PART_K_BLOCKS = 8
 
-    Split-K cuts every tile. Stream-K keeps whole the full waves but one: the last full wave and
-    the partial one are shared out evenly (fewer pieces than cutting everything, and each program
-    still gets more than one tile's worth); with no partial wave nothing is cut.
+
+def cut_plan(tiles: int, programs: int, cfg: MatmulConfig, k_tiles: int) -> tuple[int, int]:
+    """``(whole, parts)``: the matmul computes tiles ``0 .. whole - 1`` whole and cuts each of the
+    others into ``parts`` parts along K.
+
+    ``split_k`` cuts every tile. ``split_tail`` keeps the full waves whole but (at most) one and
+    cuts the rest into 2-8 parts (each at least :data:`MIN_PART_K_BLOCKS` K blocks) so that the parts fill whole waves:
+    the choice with the shortest time in tile-times (waves of whole tiles, plus waves of parts
+    times a part's share of a tile, plus :data:`CUT_COST`); nothing is cut where that does not
+    beat the whole tiles.
 
     Example::
 
-        cut_tiles(320, 132, MatmulConfig(stream_k=True), 576)   # 132: tiles 132..319 are shared out
+        cut_plan(320, 132, MatmulConfig(split_tail=True), 576)   # (264, 7): 56 tiles in 7 parts
     """
     if cfg.split_k > 1 and k_tiles > 1:
-        return 0
-    if not cfg.stream_k or tiles % programs == 0 or k_tiles == 1:
-        return tiles
-    return max(0, tiles // programs - 1) * programs
+        return 0, min(cfg.split_k, k_tiles)
+    best = (-(-tiles // programs), tiles, 1)  # (tile-times, whole, parts)
+    if not cfg.split_tail:
+        return tiles, 1
+    full = tiles // programs
+    for waves in sorted({full, max(full - 1, 0)}, reverse=True):
+        rest = tiles - waves * programs
+        for parts in range(2, min(8, k_tiles // MIN_PART_K_BLOCKS) + 1):
+            time = waves + -(-rest * parts // programs) / parts + CUT_COST
+            if time < best[0] - 1e-9:
+                best = (time, waves * programs, parts)
+    return best[1], best[2]
 
 
 def launch_matmul(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: MatmulConfig,
@@ -350,21 +317,18 @@ def launch_matmul(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: Matmul
     c = TensorDescriptor.from_tensor(C, [cfg.BLOCK_M, cfg.BLOCK_N // (2 if cfg.subtile else 1)]) if c_tma else C
     tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
     k_tiles = triton.cdiv(K, cfg.BLOCK_K)
-    split = max(1, min(cfg.split_k, k_tiles))
     programs = cfg.programs or sm_count(A.device)
-    whole = cut_tiles(tiles, programs, cfg, k_tiles)
+    whole, parts = cut_plan(tiles, programs, cfg, k_tiles)
     if whole < tiles:  # per call, on the stream: per-tile counts start at zero (the slots are overwritten)
-        work = whole + (tiles - whole) * (split if split > 1 else k_tiles)
-        slots = (tiles - whole) * split if split > 1 else 2 * num_programs(A.device, work, cfg)
-        part = torch.empty(slots * cfg.BLOCK_M * cfg.BLOCK_N, dtype=torch.float32, device=A.device)
+        slots = (tiles - whole) * parts * cfg.BLOCK_M * cfg.BLOCK_N
+        part = torch.empty(slots, dtype=torch.float32, device=A.device)
         count = torch.zeros(tiles - whole, dtype=torch.int32, device=A.device)
     else:
         part = count = C  # unused
-        work = tiles
-    grid = (num_programs(A.device, work, cfg),)
+    grid = (num_programs(A.device, whole + (tiles - whole) * parts, cfg),)
     matmul_kernel[grid](a, b, c, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0),
-                        C.stride(1), part, count, whole, C if trace_ptr is None else trace_ptr, rank,
-                        SPLIT_K=split, STREAM_K=cfg.stream_k and whole < tiles, TRACE=trace_ptr is not None,
+                        C.stride(1), part, count, whole, parts, C if trace_ptr is None else trace_ptr, rank,
+                        CUT=whole < tiles, TRACE=trace_ptr is not None,
                         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
                         BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, USE_TMA=use_tma, C_TMA=c_tma,
                         SUBTILE=cfg.subtile,
