@@ -74,7 +74,7 @@ def test_cut_plan_fills_the_last_waves_with_parts():
     from trident.ops.matmul import cut_plan
 
     tail = MatmulConfig(split_tail=True)
-    assert cut_plan(320, 132, tail, 576) == (264, 7)  # 2.43 waves of work instead of 3
+    assert cut_plan(320, 132, tail, 576) == (264, 7)  # 2.43 waves of work (+ the cost) instead of 3
     assert cut_plan(97, 4, tail, 256) == (96, 4)  # 24 waves and one tile: the tile in 4 parts, one a program
     assert cut_plan(264, 132, tail, 576) == (264, 1)  # no partial wave: nothing to cut
     assert cut_plan(512, 132, tail, 64) == (512, 1)  # 3.9 waves: cutting gains less than it costs

@@ -64,24 +64,30 @@ class MatmulConfig:
 #: The simulator: small tiles, since every program runs in Python.
 SIM_CONFIG = MatmulConfig(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=1)
 
-#: H200 candidates (bf16/fp16), from the sweep in docs/gemm-all-scatter.md (2026-12-02): 128x256 tiles
-#: with a flattened loop are the fastest on the paper's full shapes (96-106% of cuBLAS there).
+#: H200 candidates (bf16/fp16), from the sweeps in docs/gemm-all-scatter.md: 128x256 tiles with a
+#: flattened loop are the fastest on the paper's full shapes (96-106% of cuBLAS); 256x128 tiles
+#: with a descriptor store and a split tail on the narrow 8-rank shard 8192x576x36864 (2026-12-03).
 GPU_CONFIGS = {
-    "wide": MatmulConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, flatten=True),
-    "narrow": MatmulConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4),
+    "wide": MatmulConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, flatten=True,
+                         split_tail=True),
+    "tall": MatmulConfig(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4, c_tma=True,
+                         subtile=True, split_tail=True),
+    "narrow": MatmulConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4,
+                           split_tail=True),
     "small": MatmulConfig(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4),
 }
-#: Candidates for large products with the relative speed of one full tile (measured: 128x128
-#: tiles ran at ~94% of the speed of 128x256 ones on the full shapes).
-_CANDIDATES = ((GPU_CONFIGS["wide"], 1.0), (GPU_CONFIGS["narrow"], 0.94))
+#: Candidates for large products with the relative speed of one full tile (measured on the H200:
+#: 256x128 tiles at ~97% of the speed of 128x256 ones, 128x128 at 78-94%).
+_CANDIDATES = ((GPU_CONFIGS["wide"], 1.0), (GPU_CONFIGS["tall"], 0.97), (GPU_CONFIGS["narrow"], 0.85))
 
 
-def _efficiency(M: int, N: int, cfg: MatmulConfig, sms: int, speed: float) -> float:
-    """Useful fraction of the work a persistent grid does: ragged edges and the last, partial wave."""
+def _efficiency(M: int, N: int, K: int, cfg: MatmulConfig, sms: int, speed: float) -> float:
+    """Useful fraction of the work a persistent grid does: ragged edges, and the last, partial
+    wave (or, with ``split_tail``, the parts that fill it and their cost: :func:`cut_plan`)."""
     tiles_m, tiles_n = -(-M // cfg.BLOCK_M), -(-N // cfg.BLOCK_N)
     tiles = tiles_m * tiles_n
-    waves = -(-tiles // sms)
-    return speed * (M * N) / (tiles_m * cfg.BLOCK_M * tiles_n * cfg.BLOCK_N) * tiles / (waves * sms)
+    time = _plan(tiles, sms, cfg, -(-K // cfg.BLOCK_K))[0]
+    return speed * (M * N) / (tiles_m * cfg.BLOCK_M * tiles_n * cfg.BLOCK_N) * tiles / (time * sms)
 
 
 def pick_config(M: int, N: int, K: int, dtype: torch.dtype, backend: str | None = None,
@@ -93,7 +99,7 @@ def pick_config(M: int, N: int, K: int, dtype: torch.dtype, backend: str | None 
 
     Example::
 
-        cfg = pick_config(8192, 576, 36864, torch.bfloat16)
+        cfg = pick_config(8192, 576, 36864, torch.bfloat16)   # 256x128 tiles, the tail cut in parts
     """
     if (backend or _config.BACKEND) == "sim":
         return SIM_CONFIG
@@ -101,7 +107,7 @@ def pick_config(M: int, N: int, K: int, dtype: torch.dtype, backend: str | None 
         return GPU_CONFIGS["small"]
     if dtype == torch.float32:  # fp32 tiles are twice the bytes: 128x128, fewer stages
         return dataclasses.replace(GPU_CONFIGS["narrow"], num_stages=3)
-    return max(_CANDIDATES, key=lambda c: _efficiency(M, N, c[0], sms, c[1]))[0]
+    return max(_CANDIDATES, key=lambda c: _efficiency(M, N, K, c[0], sms, c[1]))[0]
 
 
 @triton.jit
@@ -265,9 +271,10 @@ def check_operands(A: torch.Tensor, B: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what}: K mismatch: A is {tuple(A.shape)} (M x K) but B is {tuple(B.shape)} (K x N)")
 
 
-#: Cost of cutting a tile (its partial sums written and read back), in tile-times: a plan that
-#: cuts must beat keeping every tile whole by more than this.
-CUT_COST = 0.05
+#: Cost of cutting tiles (the parts' sums written and read back), in tile-times: a plan that cuts
+#: must beat keeping every tile whole by more than this. Measured: with a cost of 0.05 the plan
+#: cut 8192x3584x14336 (128x256 tiles) for a predicted 2% and ran 2-3% slower (H200, 2026-12-03).
+CUT_COST = 0.25
 #: The fewest K blocks in a part (shorter loops do not keep the pipeline full).
 MIN_PART_K_BLOCKS = 8
 
@@ -277,20 +284,26 @@ def cut_plan(tiles: int, programs: int, cfg: MatmulConfig, k_tiles: int) -> tupl
     others into ``parts`` parts along K.
 
     ``split_k`` cuts every tile. ``split_tail`` keeps the full waves whole but (at most) one and
-    cuts the rest into 2-8 parts (each at least :data:`MIN_PART_K_BLOCKS` K blocks) so that the parts fill whole waves:
-    the choice with the shortest time in tile-times (waves of whole tiles, plus waves of parts
-    times a part's share of a tile, plus :data:`CUT_COST`); nothing is cut where that does not
-    beat the whole tiles.
+    cuts the rest into 2-8 parts (each at least :data:`MIN_PART_K_BLOCKS` K blocks) so that the
+    parts fill whole waves: the choice with the shortest time in tile-times (waves of whole tiles,
+    plus waves of parts times a part's share of a tile, plus :data:`CUT_COST`); nothing is cut
+    where that does not beat the whole tiles.
 
     Example::
 
         cut_plan(320, 132, MatmulConfig(split_tail=True), 576)   # (264, 7): 56 tiles in 7 parts
     """
+    return _plan(tiles, programs, cfg, k_tiles)[1:]
+
+
+def _plan(tiles: int, programs: int, cfg: MatmulConfig, k_tiles: int) -> tuple[float, int, int]:
+    """:func:`cut_plan` with its time in tile-times first."""
     if cfg.split_k > 1 and k_tiles > 1:
-        return 0, min(cfg.split_k, k_tiles)
-    best = (-(-tiles // programs), tiles, 1)  # (tile-times, whole, parts)
+        parts = min(cfg.split_k, k_tiles)
+        return -(-tiles * parts // programs) / parts + CUT_COST, 0, parts
+    best = (-(-tiles // programs), tiles, 1)
     if not cfg.split_tail:
-        return tiles, 1
+        return best
     full = tiles // programs
     for waves in sorted({full, max(full - 1, 0)}, reverse=True):
         rest = tiles - waves * programs
@@ -298,7 +311,7 @@ def cut_plan(tiles: int, programs: int, cfg: MatmulConfig, k_tiles: int) -> tupl
             time = waves + -(-rest * parts // programs) / parts + CUT_COST
             if time < best[0] - 1e-9:
                 best = (time, waves * programs, parts)
-    return best[1], best[2]
+    return best
 
 
 def launch_matmul(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: MatmulConfig,
