@@ -153,3 +153,14 @@ def test_auto_takes_the_first_measured_rule_that_applies_else_baseline():
     assert table_choice(table, "NVIDIA H100 80GB HBM3", 4, 1) == "workgroup_specialized"
     assert all(p in ("bulk_synchronous", "producer_consumer", "fused_sequential", "workgroup_specialized")
                for rules in AUTO_TABLE.values() for _, p in rules)
+
+
+def test_default_comm_programs_follow_the_peers_each_tile_goes_to():
+    import types
+
+    from trident.ops.gemm_all_scatter import default_comm_programs
+
+    gpu = [default_comm_programs(types.SimpleNamespace(device=torch.device("cuda"), world_size=w))
+           for w in (1, 2, 4, 8)]
+    assert gpu == [1, 3, 7, 16]
+    assert default_comm_programs(types.SimpleNamespace(device=torch.device("cpu"), world_size=8)) == 2

@@ -68,6 +68,22 @@ def choose_pattern(ctx, M: int, N: int, K: int) -> str:
     return auto_pattern(ctx, AUTO_TABLE, M * N * K, shared="fused_sequential")
 
 
+def default_comm_programs(ctx) -> int:
+    """Communication programs of ``producer_consumer`` / ``workgroup_specialized`` when not given.
+
+    On a GPU 16 at 8 ranks, in proportion to the ``world_size - 1`` peers every tile is stored
+    into (1 at one rank, where there is nothing to send, 3 at two, 7 at four): SMs given to
+    communication are taken from the GEMM. 2 in the simulator, whose programs run one by one.
+
+    Example::
+
+        default_comm_programs(ctx)   # 16 on 8 GPUs
+    """
+    if ctx.device.type != "cuda":
+        return 2
+    return max(1, -(-16 * (ctx.world_size - 1) // 7))
+
+
 def _baseline(ctx, A, B_local, C) -> None:
     local = torch.matmul(A, B_local)
     gathered = torch.empty((ctx.world_size * local.shape[0], local.shape[1]), dtype=local.dtype, device=local.device)
@@ -88,7 +104,7 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
         pattern: one of :data:`PATTERNS` (see the module docstring); the same on every rank.
         config: a :class:`MatmulConfig` for the GEMM tiles (None: the table's, as for ``matmul``).
         comm_programs: programs that communicate in ``producer_consumer`` and
-            ``workgroup_specialized`` (None: 16 on a GPU, 2 in the simulator; at most one per tile,
+            ``workgroup_specialized`` (None: :func:`default_comm_programs`; at most one per tile,
             and at least one program is left for the GEMM).
         trace: a ``trident.trace.Trace`` to record per-tile compute/communication/wait events, or None.
 
@@ -126,7 +142,8 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
     programs = cfg.programs or sms
     # The GEMM / communication split of producer_consumer and workgroup_specialized (all programs
     # of both resident at once on a GPU: one side waits for the other).
-    gemm_programs, comm = split_roles(ctx, cfg, comm_programs, comm_work=tiles, other_work=tiles)
+    gemm_programs, comm = split_roles(ctx, cfg, comm_programs or default_comm_programs(ctx), comm_work=tiles,
+                                      other_work=tiles)
     common = dict(rank=ctx.rank, heap_bases=ctx.heap_bases, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
                   GROUP_M=cfg.GROUP_M, TRACE=trace is not None)
     world = dict(world_size=ctx.world_size, WORLD_BLOCK=triton.next_power_of_2(ctx.world_size))
