@@ -164,3 +164,14 @@ def test_default_comm_programs_follow_the_peers_each_tile_goes_to():
            for w in (1, 2, 4, 8)]
     assert gpu == [1, 3, 7, 16]
     assert default_comm_programs(types.SimpleNamespace(device=torch.device("cpu"), world_size=8)) == 2
+
+
+def test_one_rank_every_pattern_is_the_gemm():
+    """At one rank there is nobody to send to: every pattern must still produce A @ B (the
+    communication side waits for each tile's flag, and reads nothing back)."""
+    from tests.conftest import get_pool
+
+    for errors in get_pool(1).run(_pattern_body, FUSED, CASES[:2]):
+        assert len(errors) == 2 * 2 * len(FUSED)
+        for name, dtype, call, err, tol in errors:
+            assert err < tol, (name, dtype, call, err)

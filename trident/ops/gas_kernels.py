@@ -76,10 +76,11 @@ def consume_tiles(first, step, c, M, N, stride_cm, flags_ptr, ready_ptr, epoch, 
             t0 = trace.now_if(TRACE)
             wait(flags_ptr + tile, epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
             trace.record(trace_ptr, trace.WAIT, tile, rank, t0, rank, TRACE)
-        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
-        values = tl.load(c + offs, mask=mask)
-        scatter_tile(c, offs, mask, values, tile, trace_ptr, rank, world_size, heap_bases, 1, TRACE)
+        if world_size > 1:  # alone, there is nothing to read back and send
+            pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+            offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
+            values = tl.load(c + offs, mask=mask)
+            scatter_tile(c, offs, mask, values, tile, trace_ptr, rank, world_size, heap_bases, 1, TRACE)
 
 
 @triton.jit
