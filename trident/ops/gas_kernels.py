@@ -60,27 +60,38 @@ def produce_tiles(first, step, a, b, c, M, N, K, stride_am, stride_ak, stride_bk
         trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
 
 
+#: Tile flags a consumer acquires with one ``wait``: an ordered read of 8 flags costs about what one
+#: costs, and after each wave of GEMM tiles the consumer has many finished tiles to catch up on.
+FLAG_CHUNK = tl.constexpr(8)
+
+
 @triton.jit
 def consume_tiles(first, step, c, M, N, stride_cm, flags_ptr, ready_ptr, epoch, trace_ptr, rank, world_size,
                   heap_bases, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
                   WORLD_BLOCK: tl.constexpr, WAIT_FLAGS: tl.constexpr, TRACE: tl.constexpr):
     """Scatter tiles ``first, first + step, ...`` of the local column block into every peer's ``C``.
 
-    With ``WAIT_FLAGS`` each tile is first acquired from the GEMM through its flag.
+    With ``WAIT_FLAGS`` the tiles are first acquired from the GEMM through their flags,
+    :data:`FLAG_CHUNK` tiles per ``wait`` (one wait event each when tracing).
     """
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
+    tiles = num_pid_m * num_pid_n
     wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
-    for tile in tl.range(first, num_pid_m * num_pid_n, step):
+    for chunk in tl.range(first, tiles, step * FLAG_CHUNK):
         if WAIT_FLAGS:
             t0 = trace.now_if(TRACE)
-            wait(flags_ptr + tile, epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
-            trace.record(trace_ptr, trace.WAIT, tile, rank, t0, rank, TRACE)
+            group = chunk + tl.arange(0, FLAG_CHUNK) * step
+            wait(flags_ptr + group, epoch, rank, rank, heap_bases, cmp="ge", mask=group < tiles, scope="gpu")
+            trace.record(trace_ptr, trace.WAIT, chunk, rank, t0, rank, TRACE)
         if world_size > 1:  # alone, there is nothing to read back and send
-            pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-            offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
-            values = tl.load(c + offs, mask=mask)
-            scatter_tile(c, offs, mask, values, tile, trace_ptr, rank, world_size, heap_bases, 1, TRACE)
+            for i in range(FLAG_CHUNK):
+                tile = chunk + i * step
+                if tile < tiles:
+                    pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+                    offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
+                    values = tl.load(c + offs, mask=mask)
+                    scatter_tile(c, offs, mask, values, tile, trace_ptr, rank, world_size, heap_bases, 1, TRACE)
 
 
 @triton.jit
