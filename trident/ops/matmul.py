@@ -32,8 +32,8 @@ class MatmulConfig:
     ``tma`` None reads A and B through descriptors whenever their layout allows, False never;
     ``c_tma`` stores C through one too (when A, B and C allow), ``subtile`` in two halves.
     ``split_k`` > 1 cuts each tile's K range into that many work items, so a grid with few tiles
-    (narrow N: the per-rank shards) still fills every SM; their fp32 parts are added in a
-    workspace and the last part of a tile to finish writes it. ``split_tail`` cuts only the
+    (narrow N: the per-rank shards) still fills every SM; each part stores its fp32 sum into a
+    workspace and the last part of a tile to finish adds them up and writes it. ``split_tail`` cuts only the
     tiles of the last wave(s), into as many parts as make the work fill every SM (:func:`cut_plan`),
     so no SM idles in a partial last wave (the idea of Stream-K, Osama et al. 2023, with whole
     parts: programs working at once read the same K range of neighbouring tiles, which keeps A and
