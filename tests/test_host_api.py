@@ -373,6 +373,25 @@ def test_trident_run_example():
     assert "rank 0: load/store ok (y = 0.0)" in proc.stdout and "rank 1: load/store ok (y = 2.0)" in proc.stdout
 
 
+def test_trident_run_never_splits_a_rank_s_line(tmp_path):
+    """Unbuffered ranks write a line's text and its newline separately; the launcher forwards
+    whole lines, so two ranks printing at once never glue their lines together."""
+    script = tmp_path / "chatty.py"
+    script.write_text(textwrap.dedent("""\
+        import os
+        rank = os.environ["RANK"]
+        for i in range(2000):
+            print(f"rank {rank} line {i} " + "x" * 40)
+    """))
+    proc = _run([sys.executable, "-m", "trident", "run", "-n", "2", str(script)], PYTHONUNBUFFERED="1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 4000
+    for rank in (0, 1):
+        mine = [line for line in lines if line.startswith(f"rank {rank} ")]
+        assert mine == [f"rank {rank} line {i} " + "x" * 40 for i in range(2000)]
+
+
 def test_trident_run_reports_the_failing_rank(tmp_path):
     script = tmp_path / "fails_on_one.py"
     script.write_text(textwrap.dedent("""\

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import NamedTuple
 
@@ -14,17 +15,36 @@ from .runtime.launch import rank_environment
 from .runtime.rendezvous import free_port
 
 
+def _forward_lines(pipe, lock: threading.Lock) -> None:
+    """Copy a rank's stdout to ours a whole line at a time: ranks writing at once never split
+    each other's lines (unbuffered Python writes a line's text and its newline separately)."""
+    out = getattr(sys.stdout, "buffer", None)
+    for line in iter(pipe.readline, b""):
+        with lock:
+            if out is not None:
+                out.write(line)
+            else:
+                sys.stdout.write(line.decode(errors="replace"))
+            sys.stdout.flush()
+    pipe.close()
+
+
 def run(nprocs: int, command: list[str], grace: float = 10.0) -> int:
     """Start ``command`` once per rank with torchrun's environment; return the job's exit code.
 
-    When a rank fails, the others get SIGTERM after ``grace`` seconds (they usually fail on
-    their own first, with an error naming the lost rank), then SIGKILL.
+    Every rank's stdout is forwarded line by line (whole lines, never interleaved mid-line);
+    stderr is shared as is (progress bars redraw there). When a rank fails, the others get
+    SIGTERM after ``grace`` seconds (they usually fail on their own first, with an error naming
+    the lost rank), then SIGKILL.
     """
     port = free_port()
-    procs = []
+    procs, forwarders, lock = [], [], threading.Lock()
+    sys.stdout.flush()
     for rank in range(nprocs):
         env = dict(os.environ, **rank_environment(rank, nprocs, port))
-        procs.append(subprocess.Popen(command, env=env))
+        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE))
+        forwarders.append(threading.Thread(target=_forward_lines, args=(procs[-1].stdout, lock), daemon=True))
+        forwarders[-1].start()
     failed_at = None
     code = 0
     try:
@@ -50,6 +70,8 @@ def run(nprocs: int, command: list[str], grace: float = 10.0) -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        for thread in forwarders:  # the ranks' last lines
+            thread.join(timeout=grace)
     if code == 0:
         code = next((p.returncode for p in procs if p.returncode != 0), 0)
         for rank, p in enumerate(procs):
