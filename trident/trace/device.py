@@ -30,12 +30,12 @@ HEADER_WORDS = 8
 RECORD_WORDS = 8
 COUNT_WORD = 0
 CAPACITY_WORD = 1
+SPAN_START_WORD = 2
 FIELDS = ("kind", "program", "tile", "peer", "t_start", "t_end", "rank", "written")
 
 _HEADER = tl.constexpr(HEADER_WORDS)
 _RECORD = tl.constexpr(RECORD_WORDS)
 _COUNT = tl.constexpr(COUNT_WORD)
-SPAN_START_WORD = 2
 _CAPACITY = tl.constexpr(CAPACITY_WORD)
 _SPAN_START = tl.constexpr(SPAN_START_WORD)
 
