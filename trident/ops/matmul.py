@@ -277,6 +277,8 @@ def check_operands(A: torch.Tensor, B: torch.Tensor, what: str) -> None:
 CUT_COST = 0.25
 #: The fewest K blocks in a part (shorter loops do not keep the pipeline full).
 MIN_PART_K_BLOCKS = 8
+#: The most parts a tile is cut into by ``split_tail``.
+MAX_PARTS = 8
 
 
 def cut_plan(tiles: int, programs: int, cfg: MatmulConfig, k_tiles: int) -> tuple[int, int]:
@@ -284,7 +286,7 @@ def cut_plan(tiles: int, programs: int, cfg: MatmulConfig, k_tiles: int) -> tupl
     others into ``parts`` parts along K.
 
     ``split_k`` cuts every tile. ``split_tail`` keeps the full waves whole but (at most) one and
-    cuts the rest into 2-8 parts (each at least :data:`MIN_PART_K_BLOCKS` K blocks) so that the
+    cuts the rest into 2 to :data:`MAX_PARTS` parts (each at least :data:`MIN_PART_K_BLOCKS` K blocks) so that the
     parts fill whole waves: the choice with the shortest time in tile-times (waves of whole tiles,
     plus waves of parts times a part's share of a tile, plus :data:`CUT_COST`); nothing is cut
     where that does not beat the whole tiles.
@@ -307,7 +309,7 @@ def _plan(tiles: int, programs: int, cfg: MatmulConfig, k_tiles: int) -> tuple[f
     full = tiles // programs
     for waves in sorted({full, max(full - 1, 0)}, reverse=True):
         rest = tiles - waves * programs
-        for parts in range(2, min(8, k_tiles // MIN_PART_K_BLOCKS) + 1):
+        for parts in range(2, min(MAX_PARTS, k_tiles // MIN_PART_K_BLOCKS) + 1):
             time = waves + -(-rest * parts // programs) / parts + CUT_COST
             if time < best[0] - 1e-9:
                 best = (time, waves * programs, parts)
