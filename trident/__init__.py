@@ -17,7 +17,7 @@ Import trident before defining kernels: on a machine without a GPU it switches T
 CPU interpreter (the simulator), which must happen before any ``@triton.jit``.
 """
 
-from . import ccl, config, testing, trace
+from . import ccl, config, platform, trace
 from .device import (
     atomic_add,
     atomic_and,
@@ -55,7 +55,7 @@ from .runtime.launch import SpawnError, spawn
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "Context", "spawn", "config", "testing", "ccl", "trace",
+    "init", "Context", "spawn", "config", "platform", "ccl", "trace",
     "translate", "load", "store", "get", "put", "copy",
     "atomic_add", "atomic_sub", "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor",
     "atomic_min", "atomic_max", "atomic_cas", "signal", "wait", "sync_ranks", "control_block",
@@ -64,11 +64,17 @@ __all__ = [
 ]
 
 
+if config.BACKEND == "sim":
+    from .backends import interpreter_fixups
+
+    interpreter_fixups.apply()  # before any kernel runs in the interpreter, with or without a context
+
+
 def __getattr__(name):
-    # trident.ops (GEMM + communication) is imported on first use: `import trident` stays fast,
-    # and a problem inside ops cannot break it.
-    if name == "ops":
+    # trident.ops (GEMM + communication) and trident.testing (the multiprocess test harness) are
+    # imported on first use: `import trident` stays fast, and a problem inside them cannot break it.
+    if name in ("ops", "testing"):
         import importlib
 
-        return importlib.import_module(".ops", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'trident' has no attribute {name!r}")

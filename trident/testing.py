@@ -55,6 +55,18 @@ def refusals(calls: dict) -> dict:
     return messages
 
 
+def _forget_faults(ctx) -> None:
+    """Clear the faults and the abort a task left behind, so the next task starts clean."""
+    try:
+        ctx.check()
+    except TridentError:
+        pass
+    try:
+        ctx.clear_abort()
+    except TridentError:
+        pass
+
+
 def _worker(rank: int, world_size: int, port: int, init_kwargs: dict, conn) -> None:
     os.environ.update(rank_environment(rank, world_size, port))
     try:
@@ -64,7 +76,7 @@ def _worker(rank: int, world_size: int, port: int, init_kwargs: dict, conn) -> N
     except BaseException:
         conn.send((False, traceback.format_exc(), ""))
         return
-    conn.send((True, None, ctx._allocator.digest))
+    conn.send((True, None, ctx.heap_digest))
     while True:
         try:
             message = conn.recv()
@@ -72,26 +84,18 @@ def _worker(rank: int, world_size: int, port: int, init_kwargs: dict, conn) -> N
             break
         if message is None:
             break
-        before = {b.offset for b in ctx._allocator.live_blocks()}
+        # What the task allocates (its tensors, the collectives' workspace) goes back when it ends.
+        with ctx.heap_scope():
+            try:
+                fn, args = pickle.loads(message)
+                reply = (True, fn(ctx, *args))
+            except BaseException:
+                reply = (False, traceback.format_exc())
+        _forget_faults(ctx)
         try:
-            fn, args = pickle.loads(message)
-            reply = (True, fn(ctx, *args))
-        except BaseException:
-            reply = (False, traceback.format_exc())
-        # Give back what the task allocated, in offset order on every rank, and forget its faults.
-        ctx.__dict__.pop("_ccl_workspace", None)  # it lives in the task's allocations
-        for block in ctx._allocator.live_blocks():
-            if block.offset not in before:
-                ctx._allocator.free(block.offset)
-        try:
-            ctx._control.take_fault()
-            ctx._control.set_abort(False)
-        except Exception:
-            pass
-        try:
-            conn.send((*reply, ctx._allocator.digest))
+            conn.send((*reply, ctx.heap_digest))
         except Exception:  # an unpicklable result
-            conn.send((False, traceback.format_exc(), ctx._allocator.digest))
+            conn.send((False, traceback.format_exc(), ctx.heap_digest))
     ctx.close()
 
 

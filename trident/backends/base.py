@@ -35,6 +35,11 @@ class HeapBackend(ABC):
         """Called once every rank has opened every heap."""
 
     @abstractmethod
+    def abort_word(self, heap: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """A one-word int64 tensor the host sets with a plain CPU store and kernels read, and the
+        address kernels use for it. ``heap`` is this rank's heap (a backend may use one of its words)."""
+
+    @abstractmethod
     def close(self) -> None:
         """Release this rank's mappings. Tensors that still view the heap keep its memory alive."""
 

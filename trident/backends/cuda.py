@@ -119,6 +119,13 @@ class CudaBackend(HeapBackend):
             views.append(torch.as_tensor(memory))
         return views
 
+    def abort_word(self, heap: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Pinned host memory mapped into the GPU's address space (UVA): kernels read it directly and
+        the host writes it without a CUDA call, which a busy or wedged driver could stall."""
+        word = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+        address = _check(_cudart().cudaHostGetDevicePointer(word.data_ptr(), 0), "cudaHostGetDevicePointer")
+        return word, int(address)
+
     def close(self) -> None:
         self._local = None  # freed once no tensor views it
 

@@ -15,8 +15,8 @@ import re
 
 import torch
 
+from .. import layout
 from ..errors import BackendUnavailableError
-from . import interpreter_fixups
 from .base import HeapBackend
 
 SHM_DIR = "/dev/shm"
@@ -53,7 +53,6 @@ class SimBackend(HeapBackend):
     name = "sim"
 
     def __init__(self, rank: int, job_id: str):
-        interpreter_fixups.apply()
         if not os.path.isdir(SHM_DIR):
             raise BackendUnavailableError(f"the simulator needs {SHM_DIR} (shared memory); it does not exist")
         self.rank = rank
@@ -80,6 +79,11 @@ class SimBackend(HeapBackend):
     def open_peers(self, handles: list[bytes]) -> list[torch.Tensor]:
         return [torch.from_file(h.decode(), shared=True, size=self.heap_size, dtype=torch.uint8)
                 for h in handles]
+
+    def abort_word(self, heap: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """A word of the control block: kernels and the host share the CPU's memory."""
+        word = heap[:layout.CONTROL_BYTES].view(torch.int64)[layout.ABORT:layout.ABORT + 1]
+        return word, word.data_ptr()
 
     def after_exchange(self) -> None:
         self._unlink()

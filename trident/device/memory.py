@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .. import config, layout
-from .platform import on_out_of_heap
+from .leaves import on_out_of_heap
 
 _DEBUG = tl.constexpr(config.DEBUG)
 _BASE_ALIGN = tl.constexpr(layout.BASE_ALIGN)

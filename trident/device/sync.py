@@ -20,8 +20,8 @@ import triton.language as tl
 
 from .. import layout
 from .atomics import atomic_add, atomic_xchg
+from .leaves import backoff, now_ns, on_wait_timeout
 from .memory import control_block, record_fault, translate
-from .platform import backoff, now_ns, on_wait_timeout
 
 _WAIT_TIMEOUT_NS = tl.constexpr(layout.WAIT_TIMEOUT_NS)
 _ABORT_ADDR = tl.constexpr(layout.ABORT_ADDR)
@@ -171,7 +171,7 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
         if gave_up:
             offset = _lowest(flag_ptr.to(tl.int64) - tl.load(heap_bases + rank))
             last = _summary(seen, value, cmp, mask)
-            on_wait_timeout(rank, peer, offset, value, last, timeout_ns, aborted)
+            on_wait_timeout(rank, peer, offset, value, last, timeout_ns, aborted, abort_word)
             record_fault(ctrl, tl.where(aborted, _ERR_ABORTED, _ERR_WAIT_TIMEOUT), rank, peer, offset,
                          value, last)
     # The acquire was made by the thread(s) that read the flag; a CTA barrier extends it to every

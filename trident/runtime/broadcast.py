@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pickle
-
 import torch
 
 from ..errors import DivergenceError
@@ -15,7 +13,7 @@ def broadcast_tensor(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
     if ctx.is_symmetric(tensor) and tensor.is_contiguous():
         offset = ctx.heap_offset(tensor)
     mine = (tuple(tensor.shape), str(tensor.dtype), offset)
-    everyone = [pickle.loads(v) for v in ctx._rendezvous.all_gather("broadcast metadata", pickle.dumps(mine))]
+    everyone = ctx.all_gather_object("broadcast metadata", mine)
     shapes = {(shape, dtype) for shape, dtype, _ in everyone}
     if len(shapes) > 1:
         listing = ", ".join(f"rank {r}: shape {s} {d}" for r, (s, d, _) in enumerate(everyone))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import pickle
@@ -11,6 +12,7 @@ import weakref
 import torch
 
 from .. import config, layout
+from .. import platform as _platform
 from ..errors import (
     ContextClosedError,
     DeviceError,
@@ -21,6 +23,7 @@ from .allocator import SymmetricAllocator
 from .control import ControlBlock
 from .heap import SymmetricHeapMixin
 from .rendezvous import Rendezvous, join_process_group
+from .resources import Resources
 from .watchdog import RankWatchdog, identity
 
 DEFAULT_HEAP_SIZE = 1 << 30
@@ -91,7 +94,7 @@ def init(heap_size: int = DEFAULT_HEAP_SIZE, backend: str | None = None, *, time
     timeout = _seconds("timeout", timeout, "TRIDENT_TIMEOUT")
     wait_timeout = _seconds("wait_timeout", wait_timeout, "TRIDENT_WAIT_TIMEOUT")
     watchdog_interval = _seconds("watchdog_interval", watchdog_interval, "TRIDENT_WATCHDOG_INTERVAL", 0.5)
-    if name == "cuda" and not torch.cuda.is_available():  # before joining a group that would need NCCL
+    if name == "cuda" and not _platform.gpu_available():  # before joining a group that would need NCCL
         from ..backends.cuda import CudaBackend
 
         CudaBackend.require_gpu()
@@ -111,6 +114,8 @@ class Context(SymmetricHeapMixin):
         rank, world_size: this process's place in the job.
         device: where heap tensors live (``cuda:N`` or ``cpu`` for the simulator).
         backend: ``"cuda"`` or ``"sim"``.
+        platform: the :class:`~trident.platform.Platform`: every machine fact (simulator or not,
+            SMs, whether NCCL can run for this world) and the defaults that follow from them.
         heap_size: bytes per rank.
         heap_bases: int64 tensor on ``device``: every rank's heap base as mapped in this process.
             Pass it to kernels; the device API translates pointers with it.
@@ -133,6 +138,8 @@ class Context(SymmetricHeapMixin):
 
             self._backend = SimBackend(self.rank, job_id)
         self.device = self._backend.device
+        self.platform = _platform.for_device(self.device, self.world_size)
+        self._resources = Resources()
         try:
             handle = self._backend.create(heap_size)
             exchanged = [pickle.loads(v) for v in rendezvous.all_gather(
@@ -149,7 +156,7 @@ class Context(SymmetricHeapMixin):
                                   f"{layout.BASE_ALIGN}-byte aligned in this process")
             self.heap_bases = torch.tensor(bases, dtype=torch.int64, device=self.device)
             self.heap_bases_host = tuple(bases)
-            self._control = ControlBlock(self._heap, heap_size)
+            self._control = ControlBlock(self._heap, heap_size, *self._backend.abort_word(self._heap))
             self._control.reset(wait_timeout)
             self._allocator = SymmetricAllocator(layout.CONTROL_BYTES, heap_size, layout.ALLOC_ALIGN)
             self._backend.synchronize()
@@ -163,8 +170,7 @@ class Context(SymmetricHeapMixin):
         me = weakref.ref(self)
         self._watchdog = RankWatchdog(self.rank, [who for _, _, who in exchanged], watchdog_interval,
                                       lambda rank, why: (ctx := me()) is not None and ctx._on_rank_gone(rank, why))
-        watchdog = self._watchdog
-        rendezvous.peers_gone = lambda: watchdog.gone
+        rendezvous.watch(self._watchdog)
         self._watchdog.start()
         self._closed = False
 
@@ -189,7 +195,7 @@ class Context(SymmetricHeapMixin):
         # Drop every view of the heaps now, even if the user keeps this closed context around.
         self._heaps = self._heap = None
         self._control.release()
-        self.__dict__.pop("_ccl_workspace", None)
+        self._resources.clear()
         self._backend.close()
 
     def __enter__(self) -> Context:
@@ -209,6 +215,82 @@ class Context(SymmetricHeapMixin):
         if self._closed:
             raise ContextClosedError(f"rank {self.rank}: this trident context is closed; "
                                      f"create a new one with trident.init()")
+
+    # -- per-context resources ---------------------------------------------------------------
+    def resource(self, key: str, factory):
+        """The per-context resource under ``key``, made by ``factory()`` on first use; dropped at
+        ``close()`` (or at the end of the :meth:`heap_scope` it was made in).
+
+        Collective when ``factory`` allocates on the heap: every rank asks for it in the same call.
+        This is where collectives and fused ops keep their state between calls.
+
+        Example::
+
+            ws = ctx.resource("ccl.workspace", lambda: Workspace(ctx))
+        """
+        self._check_open()
+        return self._resources.get(key, factory)
+
+    @contextlib.contextmanager
+    def heap_scope(self):
+        """Free every heap allocation made inside the ``with`` block when it ends (collective), and
+        drop the resources made inside it, whose memory that was.
+
+        Frees in offset order on every rank, so ranks stay in step. Tensors made inside must not
+        be used after the block: their memory goes back to the heap.
+
+        Example::
+
+            with ctx.heap_scope():
+                tmp = ctx.empty(1 << 20)
+                trident.ccl.all_reduce(ctx, tmp)   # the collectives' workspace goes too
+        """
+        self._check_open()
+        before = {b.offset for b in self._allocator.live_blocks()}
+        mark = self._resources.mark()
+        try:
+            yield self
+        finally:
+            if not self._closed:
+                self._resources.drop_after(mark)
+                for block in self._allocator.live_blocks():
+                    if block.offset not in before:
+                        self._allocator.free(block.offset)
+
+    @property
+    def heap_digest(self) -> str:
+        """A digest of every allocation and free so far: equal on every rank while they are in step."""
+        return self._allocator.digest
+
+    def all_gather_object(self, what: str, value) -> list:
+        """Every rank's picklable ``value``, in rank order (collective, host-side, through the store).
+
+        ``what`` names the step in a timeout message. For small metadata, not for tensors' data.
+
+        Example::
+
+            shapes = ctx.all_gather_object("shapes", tuple(x.shape))
+        """
+        self._check_open()
+        return [pickle.loads(v) for v in self._rendezvous.all_gather(what, pickle.dumps(value))]
+
+    def agree_in_debug(self, what: str, *facts) -> None:
+        """Debug mode (``TRIDENT_DEBUG=1``): raise :class:`DivergenceError` on every rank unless every
+        rank passed the same ``facts`` (shapes, dtypes, options, placements) to collective ``what``.
+
+        A cheap host-side exchange; nothing at all outside debug mode.
+
+        Example::
+
+            ctx.agree_in_debug("all_gather", tuple(inp.shape), inp.dtype)
+        """
+        if not config.DEBUG:
+            return
+        mine = repr((what, *facts))
+        everyone = [v.decode() for v in self._rendezvous.all_gather(f"{what} argument check", mine.encode())]
+        if len(set(everyone)) > 1:
+            listing = "; ".join(f"rank {r}: {v}" for r, v in enumerate(everyone))
+            raise DivergenceError(f"rank {self.rank}: ranks called collectives with different arguments: {listing}")
 
     # -- settings ----------------------------------------------------------------------------
     @property

@@ -4,39 +4,29 @@ from __future__ import annotations
 
 import torch
 
-from .. import layout
-from ..device import platform
-from ..device.platform import describe_heap_fault, describe_wait_fault
-
-
-def _device_address_of_pinned(tensor: torch.Tensor) -> int:
-    """The address kernels use for a pinned host tensor (equal to the host address under UVA)."""
-    from ..backends.cuda import _check, _cudart
-
-    return int(_check(_cudart().cudaHostGetDevicePointer(tensor.data_ptr(), 0), "cudaHostGetDevicePointer"))
+from .. import faults, layout
+from ..faults import describe_heap_fault, describe_wait_fault
 
 
 class ControlBlock:
-    """The int64 words at the start of this rank's heap that kernels and the host share."""
+    """The int64 words at the start of this rank's heap that kernels and the host share.
 
-    def __init__(self, heap: torch.Tensor, heap_size: int):
+    The abort word comes from the backend (``HeapBackend.abort_word``): a word the host raises
+    with a plain CPU store and kernels read (pinned host memory on a GPU, a heap word in the
+    simulator).
+    """
+
+    def __init__(self, heap: torch.Tensor, heap_size: int, abort_word: torch.Tensor, abort_addr: int):
         self.words = heap[:layout.CONTROL_BYTES].view(torch.int64)
         self.heap_size = heap_size
         self.abort_reason = ""
-        if self.words.is_cuda:
-            # Pinned host memory is mapped into the GPU's address space (UVA): kernels read it
-            # directly, and the host writes it without a CUDA call (see set_abort).
-            self.abort_word = torch.zeros(1, dtype=torch.int64, pin_memory=True)
-            self.abort_addr = _device_address_of_pinned(self.abort_word)
-        else:
-            self.abort_word = self.words[layout.ABORT:layout.ABORT + 1]
-            self.abort_addr = self.abort_word.data_ptr()
+        self.abort_word, self.abort_addr = abort_word, abort_addr
 
     def release(self) -> None:
         """Drop this object's views of the heap (at ``ctx.close()``)."""
+        faults.set_abort_reason(self.abort_addr, "")
         self.words = None
-        if self.abort_word is not None and not self.abort_word.is_pinned():
-            self.abort_word = None  # the simulator's abort word is a heap word
+        self.abort_word = None
 
     def reset(self, wait_timeout: float) -> None:
         """Clear everything and write the header (before any peer may touch the heap)."""
@@ -57,7 +47,7 @@ class ControlBlock:
     def set_abort(self, on: bool, reason: str = "") -> None:
         """Raise (or lower) the abort word device waits poll; ``reason`` goes into their fault message."""
         self.abort_reason = reason if on else ""
-        platform.ABORT_REASON = self.abort_reason  # what the simulator's raising wait reports
+        faults.set_abort_reason(self.abort_addr, self.abort_reason)  # what the simulator's raising wait reports
         # A plain CPU store. A CUDA call here (even on a side stream) can stall for as long as a
         # kernel spins: a dying peer's driver teardown holds the GPU while this rank's wait runs.
         if self.abort_word is not None:

@@ -126,7 +126,16 @@ class Rendezvous:
         self.store = dist.PrefixStore(prefix, store)
         self.rank, self.world_size, self.timeout = rank, world_size, timeout
         self._seq = 0
-        self.peers_gone = dict  # replaced by the context's watchdog: () -> {rank: what happened}
+        self._watchdog = None
+
+    def watch(self, watchdog) -> None:
+        """End waits at once when ``watchdog`` (a :class:`~trident.runtime.watchdog.RankWatchdog`)
+        sees a peer go, instead of at the timeout."""
+        self._watchdog = watchdog
+
+    def peers_gone(self) -> dict[int, str]:
+        """``{rank: what happened}`` for every peer the watchdog saw go (empty without one)."""
+        return {} if self._watchdog is None else self._watchdog.gone
 
     def all_gather(self, what: str, value: bytes) -> list[bytes]:
         """Give every rank every rank's ``value``. ``what`` names the step in a timeout message."""

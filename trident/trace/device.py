@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..device.platform import now_ns
+from ..device.leaves import now_ns
 
 #: Event kinds (``kind`` argument of :func:`record`); usable in kernels as ``trident.trace.COMPUTE``.
 COMPUTE = tl.constexpr(0)

@@ -16,9 +16,7 @@ import triton
 import triton.language as tl
 
 from .. import config
-
-#: Why the host raised the abort word (set by the host; the simulator's waits put it in their error).
-ABORT_REASON = ""
+from ..faults import abort_reason, describe_heap_fault, describe_wait_fault
 
 if config.BACKEND == "sim":
 
@@ -30,13 +28,14 @@ if config.BACKEND == "sim":
         """Let other rank processes run: in the simulator ranks share a few CPU cores."""
         os.sched_yield()
 
-    def on_wait_timeout(rank, peer, offset, expected, observed, timeout_ns, aborted):
+    def on_wait_timeout(rank, peer, offset, expected, observed, timeout_ns, aborted, abort_word):
         """Raise at once: the simulator can stop a kernel with a Python exception."""
         from ..errors import RankTimeoutError
 
         raise RankTimeoutError(
             describe_wait_fault(_scalar(rank), _scalar(peer), _scalar(offset), _scalar(expected),
-                                _scalar(observed), _scalar(timeout_ns), bool(_scalar(aborted)), ABORT_REASON)
+                                _scalar(observed), _scalar(timeout_ns), bool(_scalar(aborted)),
+                                abort_reason(_scalar(abort_word)))
             + " In the simulator the programs of one launch run one after another, so a program that"
             " waits for a later program of the same launch never sees it."
         )
@@ -66,7 +65,7 @@ else:
         pass
 
     @triton.jit
-    def on_wait_timeout(rank, peer, offset, expected, observed, timeout_ns, aborted):
+    def on_wait_timeout(rank, peer, offset, expected, observed, timeout_ns, aborted, abort_word):
         """On a GPU the fault record in the control block is the report; the host raises it."""
         pass
 
@@ -74,23 +73,3 @@ else:
     def on_out_of_heap(rank, peer, offset, heap_size):
         """On a GPU the fault record in the control block is the report; the host raises it."""
         pass
-
-
-def describe_wait_fault(rank, peer, offset, expected, observed, timeout_ns, aborted, reason="") -> str:
-    """The message of a wait that gave up, shared by the simulator and the host-side check."""
-    why = f"was aborted by the host ({reason})" if aborted and reason else (
-        "was aborted by the host" if aborted else f"timed out after {timeout_ns / 1e9:.3g} s")
-    return (
-        f"rank {rank}: trident.wait {why} waiting on the flag at heap offset {offset:#x} of rank {peer} "
-        f"(waited for {expected}, last saw {observed})."
-    )
-
-
-def describe_heap_fault(rank, peer, offset, heap_size) -> str:
-    """The message of an access outside the symmetric heap (debug mode)."""
-    return (
-        f"rank {rank}: access outside the symmetric heap: peer {peer}, heap offset {offset:#x} "
-        f"(offset {offset}), heap size {heap_size} bytes. The pointer was not into a tensor made by "
-        f"ctx.zeros/empty/... (a tensor computed from one, like `t + 1`, lives off the heap), or an "
-        f"index ran past the end of one."
-    )

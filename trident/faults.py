@@ -1,0 +1,47 @@
+"""What a device fault says, and why the host aborted: shared by the host runtime and the device leaves.
+
+A wait that gives up and an access outside the heap (debug mode) are reported the same way on
+both backends: on a GPU the kernel records the fault in the control block and the host raises it
+(``ctx.check()``, ``ctx.barrier()``); in the simulator the wait raises at once. Both build their
+message here, so the two read alike.
+
+Why the host raised a rank's abort word is kept per abort word (per context), keyed by the
+word's address, so two contexts in one process never report each other's reasons.
+"""
+
+from __future__ import annotations
+
+_abort_reasons: dict[int, str] = {}
+
+
+def set_abort_reason(abort_addr: int, reason: str) -> None:
+    """Remember (or, with an empty ``reason``, forget) why the abort word at ``abort_addr`` is raised."""
+    if reason:
+        _abort_reasons[abort_addr] = reason
+    else:
+        _abort_reasons.pop(abort_addr, None)
+
+
+def abort_reason(abort_addr: int) -> str:
+    """Why the abort word at ``abort_addr`` was raised ("" when unknown or lowered)."""
+    return _abort_reasons.get(abort_addr, "")
+
+
+def describe_wait_fault(rank, peer, offset, expected, observed, timeout_ns, aborted, reason="") -> str:
+    """The message of a wait that gave up (timed out, or aborted by the host for ``reason``)."""
+    why = f"was aborted by the host ({reason})" if aborted and reason else (
+        "was aborted by the host" if aborted else f"timed out after {timeout_ns / 1e9:.3g} s")
+    return (
+        f"rank {rank}: trident.wait {why} waiting on the flag at heap offset {offset:#x} of rank {peer} "
+        f"(waited for {expected}, last saw {observed})."
+    )
+
+
+def describe_heap_fault(rank, peer, offset, heap_size) -> str:
+    """The message of an access outside the symmetric heap (debug mode)."""
+    return (
+        f"rank {rank}: access outside the symmetric heap: peer {peer}, heap offset {offset:#x} "
+        f"(offset {offset}), heap size {heap_size} bytes. The pointer was not into a tensor made by "
+        f"ctx.zeros/empty/... (a tensor computed from one, like `t + 1`, lives off the heap), or an "
+        f"index ran past the end of one."
+    )

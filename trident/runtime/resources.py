@@ -1,0 +1,84 @@
+"""Per-context state with an owner: lazily made resources and heap buffers that grow.
+
+Collectives and fused ops keep state on the symmetric heap between calls (sync slots, staging
+buffers, tile flags). :class:`Resources` is where a context keeps it: ``ctx.resource(key, factory)``
+makes it on first use (collectively: every rank makes it in the same call), ``ctx.heap_scope()``
+drops what was made inside the scope, and ``ctx.close()`` drops everything.
+
+:class:`GrowingBuffer` is the one way such state grows: it never leaves a reference to freed
+memory behind, even when the heap runs out while it grows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+class Resources:
+    """The resources of one context, in the order they were made."""
+
+    def __init__(self):
+        self._items: dict[str, object] = {}
+
+    def get(self, key: str, factory: Callable[[], object]) -> object:
+        """The resource under ``key``, made by ``factory()`` on first use."""
+        if key not in self._items:
+            self._items[key] = factory()
+        return self._items[key]
+
+    def mark(self) -> int:
+        """How many resources exist now (see :meth:`drop_after`)."""
+        return len(self._items)
+
+    def drop_after(self, mark: int) -> None:
+        """Forget the resources made after :meth:`mark` returned ``mark``."""
+        for key in list(self._items)[mark:]:
+            del self._items[key]
+
+    def clear(self) -> None:
+        """Forget every resource (at ``ctx.close()``)."""
+        self._items.clear()
+
+
+class GrowingBuffer:
+    """A symmetric byte buffer that grows, by powers of two, when a call needs more (collective).
+
+    Growing waits on the device until no rank's earlier kernel still uses the old buffer
+    (``ctx.device_barrier()``), frees it, then allocates the new one. If the heap is exhausted
+    the buffer is *gone* (the next call allocates afresh), never a pointer to freed memory.
+    With ``zeroed`` the new memory is zeroed and a second device barrier makes sure every rank
+    has zeroed its copy before any peer writes into it (flags that peers signal into).
+
+    Example::
+
+        flags = GrowingBuffer(ctx, zeroed=True)
+        words = flags.get(tiles * 8).view(torch.int64)
+    """
+
+    def __init__(self, ctx, zeroed: bool = False):
+        self.ctx = ctx
+        self.zeroed = zeroed
+        self.tensor: torch.Tensor | None = None
+        self.generation = 0  # times (re)allocated: callers caching views of it compare this
+
+    def get(self, nbytes: int) -> torch.Tensor:
+        """At least ``nbytes`` bytes (uint8, symmetric); the same size on every rank."""
+        nbytes = max(int(nbytes), 1)
+        if self.tensor is None or self.tensor.numel() < nbytes:
+            if self.tensor is not None:
+                self.ctx.device_barrier()  # no rank's earlier kernel still uses the old buffer
+                old, self.tensor = self.tensor, None  # gone before freed: nothing points at freed memory
+                self.ctx.free(old)
+            size = 1 << (nbytes - 1).bit_length()
+            fresh = self.ctx.zeros(size, dtype=torch.uint8) if self.zeroed else self.ctx.empty(size, dtype=torch.uint8)
+            if self.zeroed:
+                self.ctx.device_barrier()  # every rank zeroed its copy before any peer writes into it
+            self.tensor = fresh
+            self.generation += 1
+        return self.tensor[:nbytes]
+
+    def view(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """At least ``numel`` elements of ``dtype``, flat."""
+        return self.get(numel * dtype.itemsize).view(dtype)
