@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 
-if config.BACKEND == "sim":
+if platform.SIMULATOR:
     from .backends import interpreter_fixups
 
     interpreter_fixups.apply()  # before any kernel runs in the interpreter, with or without a context

@@ -28,6 +28,12 @@ import torch
 
 from . import config
 
+#: The backend every context of this process uses, fixed when trident is imported (``trident.config``
+#: reads ``TRIDENT_BACKEND``): Triton decides at kernel-definition time between GPU and interpreter.
+PROCESS_BACKEND: str = config.BACKEND
+#: Whether this process runs kernels in the CPU simulator (Triton's interpreter).
+SIMULATOR: bool = PROCESS_BACKEND == "sim"
+
 #: Stand-in SM count of the simulator: its programs run one after another on the CPU, so a few
 #: keep persistent kernels' loops exercised without making the interpreter slow.
 SIM_SM_COUNT = 4
@@ -103,7 +109,7 @@ def _for_device(device: torch.device) -> Platform:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return Platform("cuda", device, props.multi_processor_count, props.name, torch.cuda.device_count())
-    if config.BACKEND == "cuda":
+    if PROCESS_BACKEND == "cuda":
         raise ValueError(f"trident runs its kernels on the GPU in this process (backend 'cuda'); a tensor on "
                          f"{device} cannot be used. Move it to the GPU, or run with TRIDENT_BACKEND=sim.")
     return Platform("sim", torch.device("cpu"), SIM_SM_COUNT, "cpu (simulator)", 0)

@@ -15,10 +15,10 @@ import time
 import triton
 import triton.language as tl
 
-from .. import config
+from .. import platform
 from ..faults import abort_reason, describe_heap_fault, describe_wait_fault
 
-if config.BACKEND == "sim":
+if platform.SIMULATOR:
 
     def now_ns():
         """Nanoseconds from a monotonic clock (the host clock in the simulator)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import pickle
@@ -82,12 +81,12 @@ def init(heap_size: int = DEFAULT_HEAP_SIZE, backend: str | None = None, *, time
         raise ValueError(f"heap_size={heap_size} is too small: the heap needs at least {minimum} bytes "
                          f"({layout.CONTROL_BYTES} of them for trident's control block)")
     heap_size = -(-heap_size // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN
-    name = config.BACKEND if backend is None else str(backend).lower()
+    name = _platform.PROCESS_BACKEND if backend is None else str(backend).lower()
     if name not in config.BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {config.BACKENDS} or None")
-    if name != config.BACKEND:
+    if name != _platform.PROCESS_BACKEND:
         raise config.ConfigError(
-            f"backend {name!r} was requested, but this process imported trident for {config.BACKEND!r}: "
+            f"backend {name!r} was requested, but this process imported trident for {_platform.PROCESS_BACKEND!r}: "
             f"Triton fixes at kernel-definition time whether kernels run on the GPU or in the CPU "
             f"interpreter. Set TRIDENT_BACKEND={name} before importing trident."
         )
@@ -230,37 +229,6 @@ class Context(SymmetricHeapMixin):
         """
         self._check_open()
         return self._resources.get(key, factory)
-
-    @contextlib.contextmanager
-    def heap_scope(self):
-        """Free every heap allocation made inside the ``with`` block when it ends (collective), and
-        drop the resources made inside it, whose memory that was.
-
-        Frees in offset order on every rank, so ranks stay in step. Tensors made inside must not
-        be used after the block: their memory goes back to the heap.
-
-        Example::
-
-            with ctx.heap_scope():
-                tmp = ctx.empty(1 << 20)
-                trident.ccl.all_reduce(ctx, tmp)   # the collectives' workspace goes too
-        """
-        self._check_open()
-        before = {b.offset for b in self._allocator.live_blocks()}
-        mark = self._resources.mark()
-        try:
-            yield self
-        finally:
-            if not self._closed:
-                self._resources.drop_after(mark)
-                for block in self._allocator.live_blocks():
-                    if block.offset not in before:
-                        self._allocator.free(block.offset)
-
-    @property
-    def heap_digest(self) -> str:
-        """A digest of every allocation and free so far: equal on every rank while they are in step."""
-        return self._allocator.digest
 
     def all_gather_object(self, what: str, value) -> list:
         """Every rank's picklable ``value``, in rank order (collective, host-side, through the store).

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .. import layout
 from ..errors import NotSymmetricError
+from .allocator import SymmetricAllocator
 from .creation import TensorFactory
+from .resources import Resources
 
 
 def address(t: torch.Tensor) -> int:
@@ -23,7 +27,24 @@ def _span_bytes(t: torch.Tensor) -> int:
 
 
 class SymmetricHeapMixin(TensorFactory):
-    """Places tensors on this rank's heap; needs the Context's allocator, heaps and rank."""
+    """Places tensors on this rank's heap and answers questions about heap tensors.
+
+    A mixin of :class:`~trident.runtime.context.Context`, which provides (its contract):
+    ``rank``, ``world_size``, ``device``, ``heap_size``, ``_heap`` (this rank's heap, uint8),
+    ``_heaps`` (every rank's, as mapped here), ``_allocator`` (a
+    :class:`~trident.runtime.allocator.SymmetricAllocator`), ``_resources``, ``_closed``,
+    ``_check_open()`` and ``_debug_check_in_step(what)``.
+    """
+
+    rank: int
+    world_size: int
+    device: torch.device
+    heap_size: int
+    _heap: torch.Tensor
+    _heaps: list[torch.Tensor]
+    _allocator: SymmetricAllocator
+    _resources: Resources
+    _closed: bool
 
     def _place(self, meta: torch.Tensor, what: str, out, device) -> torch.Tensor:
         """Reserve heap bytes for a tensor shaped like ``meta`` (or reuse ``out``)."""
@@ -50,6 +71,37 @@ class SymmetricHeapMixin(TensorFactory):
         if device.type != self.device.type:
             return False
         return device.index is None or self.device.index is None or device.index == self.device.index
+
+    @contextlib.contextmanager
+    def heap_scope(self):
+        """Free every heap allocation made inside the ``with`` block when it ends (collective), and
+        drop the resources made inside it, whose memory that was.
+
+        Frees in offset order on every rank, so ranks stay in step. Tensors made inside must not
+        be used after the block: their memory goes back to the heap.
+
+        Example::
+
+            with ctx.heap_scope():
+                tmp = ctx.empty(1 << 20)
+                trident.ccl.all_reduce(ctx, tmp)   # the collectives' workspace goes too
+        """
+        self._check_open()
+        before = {b.offset for b in self._allocator.live_blocks()}
+        mark = self._resources.mark()
+        try:
+            yield self
+        finally:
+            if not self._closed:
+                self._resources.drop_after(mark)
+                for block in self._allocator.live_blocks():
+                    if block.offset not in before:
+                        self._allocator.free(block.offset)
+
+    @property
+    def heap_digest(self) -> str:
+        """A digest of every allocation and free so far: equal on every rank while they are in step."""
+        return self._allocator.digest
 
     def free(self, *tensors: torch.Tensor) -> None:
         """Give tensors' heap memory back (collective: free the same tensors on every rank).

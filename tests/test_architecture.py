@@ -1,0 +1,127 @@
+"""The codebase's shape: one owner for machine facts, and layers that import only below themselves.
+
+These read the source (no ranks, no kernels): they fail when a change decides "am I in the
+simulator?" or "how many SMs?" somewhere new, or when a lower layer reaches up.
+"""
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "trident"
+
+#: Every package module's layer. A module may import its own layer and those below it.
+#: Modules not listed take the layer of their folder.
+LAYERS = {
+    "errors": 0, "layout": 0, "config": 0, "faults": 0,
+    "platform": 1,
+    "backends": 2,
+    "device": 3, "kernels": 3,
+    "runtime": 4,
+    "trace": 5,
+    "ccl": 6,
+    "ops": 7,
+    "testing": 8, "bench": 8,
+    "cli": 9, "__main__": 9, "__init__": 9,
+}
+
+#: Ways of asking "which backend / what hardware" that belong to trident/platform.py (and to the
+#: import-time switch in config.py and the backends, which implement the answers).
+MACHINE_FACTS = re.compile(
+    r"config\.BACKEND\b|torch\.cuda\.is_available|\.is_cuda\b|device\.type\s*[!=]=|\.backend\s*[!=]=|"
+    r"get_device_properties|multi_processor_count|cuda\.device_count\(|BACKEND\s*==")
+FACT_OWNERS = {"trident/platform.py", "trident/config.py", "trident/backends"}
+
+
+def _layer(module: str) -> int:
+    """Layer of a dotted module name inside trident (``runtime.context`` -> 4)."""
+    parts = module.split(".")
+    for depth in range(len(parts), 0, -1):
+        key = ".".join(parts[:depth])
+        if key in LAYERS:
+            return LAYERS[key]
+    raise KeyError(f"trident.{module} has no layer in tests/test_architecture.py: add it to LAYERS")
+
+
+def _module_of(path: pathlib.Path) -> str:
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"] or ["__init__"]
+    return ".".join(parts)
+
+
+def _imports(path: pathlib.Path, module: str):
+    """``(line, imported trident module)`` for every import of trident code in a file, lazy ones too."""
+    package = module.split(".")[:-1] if path.name != "__init__.py" else module.split(".")
+    if module == "__init__":
+        package = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+                target = ".".join(base + ([node.module] if node.module else []))
+                names = [target] if node.module else [f"{target}.{a.name}".strip(".") for a in node.names]
+            elif node.module and node.module.startswith("trident"):
+                target = node.module.removeprefix("trident").lstrip(".")
+                names = [target] if target else [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                yield node.lineno, name
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("trident."):
+                    yield node.lineno, alias.name.removeprefix("trident.")
+
+
+def test_every_layer_imports_only_below_itself():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_of(path)
+        mine = _layer(module)
+        for line, target in _imports(path, module):
+            if target and _layer(target) > mine:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} ({module}, layer {mine}) imports "
+                             f"trident.{target} (layer {_layer(target)})")
+    assert not wrong, "lower layers reach up:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("folder", ["trident", "examples", "benchmarks"])
+def test_machine_facts_have_one_owner(folder):
+    """Only trident/platform.py (with config.py and the backends) asks torch or trident.config which
+    backend runs and what the hardware is; everything else asks ``ctx.platform``."""
+    wrong = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if any(rel == owner or rel.startswith(owner + "/") for owner in FACT_OWNERS):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if MACHINE_FACTS.search(code):
+                wrong.append(f"{rel}:{number}: {line.strip()}")
+    assert not wrong, "machine facts decided outside trident/platform.py (ask ctx.platform):\n" + "\n".join(wrong)
+
+
+def test_platform_answers_for_this_machine():
+    import torch
+
+    import trident
+
+    p = trident.platform.for_device("cuda" if trident.platform.PROCESS_BACKEND == "cuda" else "cpu", world_size=3)
+    assert p.backend == trident.platform.PROCESS_BACKEND and p.world_size == 3
+    if p.simulator:
+        assert p.sm_count == trident.platform.SIM_SM_COUNT and not p.nccl_usable and not p.performance_figure
+        assert p.comm_programs(16) == trident.platform.SIM_COMM_PROGRAMS
+        assert p.timing_device == torch.device("cpu")
+    else:
+        assert p.sm_count > 1 and p.comm_programs(16) == min(16, p.sm_count - 1)
+        assert p.ranks_share_gpus == (p.gpus_visible < 3)
+
+
+def test_no_module_is_past_its_size():
+    """Files stay readable: a module past ~400 lines should be split along its seams."""
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 420]
+    assert not long, "split these modules:\n" + "\n".join(long)
