@@ -2,8 +2,8 @@
 
 Built in a child process with ``TRIDENT_BACKEND=cuda``: the matmul with descriptors (TMA) and with
 pointers, with and without split-K, and every pattern kernel of the three collective ops, some with
-tracing on. The descriptor
-builds must use Hopper's bulk tensor copies and wgmma.
+tracing on (a trace buffer) and the others with it off (``trace_ptr`` None, a constexpr). The
+descriptor builds must use Hopper's bulk tensor copies and wgmma.
 """
 
 import json
@@ -18,17 +18,23 @@ import json
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from trident.ops import agg_kernels as AG
-from trident.ops import gas_kernels as G
-from trident.ops import grs_kernels as RS
+from trident.ops import all_gather_gemm_kernels as AG
+from trident.ops import gemm_all_scatter_kernels as G
+from trident.ops import gemm_reduce_scatter_kernels as RS
 from trident.ops.matmul import matmul_kernel
 
 BM, BN, BK = 128, 128, 64
 TILE = {"BLOCK_M": BM, "BLOCK_N": BN, "GROUP_M": 8}
 SIZES = {"M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32",
          "stride_bn": "i32", "stride_cm": "i32"}
-SYNC = {"state_ptr": "*i64", "ready_ptr": "*i64", "arrived_ptr": "*i64", "trace_ptr": "*i64", "rank": "i32",
-        "world_size": "i32", "heap_bases": "*i64"}
+WORLD = {"rank": "i32", "world_size": "i32", "heap_bases": "*i64"}
+
+def sync(trace):
+    # One sync block; the trace buffer, or None (a constexpr: tracing compiled out).
+    return {"sync_ptr": "*i64", "trace_ptr": "*i64" if trace else "constexpr"}
+
+def nones(sig):
+    return {k: None for k, v in sig.items() if v == "constexpr"}
 
 def ab(tma):
     if tma:
@@ -36,6 +42,7 @@ def ab(tma):
     return {"a": "*bf16", "b": "*bf16", "c": "*bf16"}
 
 def build(fn, sig, cst, warps=8, stages=3):
+    cst = dict(nones(sig), **cst)
     sig = dict(sig, **{k: "constexpr" for k in cst})
     k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cst), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": warps, "num_stages": stages})
@@ -49,45 +56,50 @@ def case(name, fn, sig, cst):
     except Exception as exc:
         results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-1500:]}
 
-MATMUL = {**SIZES, "stride_cn": "i32", "part_ptr": "*fp32", "count_ptr": "*i32", "whole_tiles": "i32", "parts": "i32",
-          "trace_ptr": "*i64", "rank": "i32"}
+def matmul_sig(cut, trace):
+    return {**SIZES, "stride_cn": "i32", "part_ptr": "*fp32" if cut else "constexpr",
+            "count_ptr": "*i32" if cut else "constexpr", "whole_tiles": "i32", "parts": "i32",
+            "trace_ptr": "*i64" if trace else "constexpr", "rank": "i32"}
+
 for tma in (True, False):
     for cut in (False, True):
-        case(f"matmul tma={tma} cut={cut}", matmul_kernel, {**ab(tma), **MATMUL},
-             dict(TILE, BLOCK_K=BK, USE_TMA=tma, C_TMA=False, SUBTILE=False, FLATTEN=tma and not cut, CUT=cut,
-                  TRACE=cut))
+        case(f"matmul tma={tma} cut={cut}", matmul_kernel, {**ab(tma), **matmul_sig(cut, trace=cut)},
+             dict(TILE, BLOCK_K=BK, USE_TMA=tma, C_TMA=False, SUBTILE=False, FLATTEN=tma and not cut))
     gemm = {**ab(tma), **SIZES}
-    case(f"fused_sequential tma={tma}", G.fused_sequential_kernel, {**gemm, **SYNC},
-         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8, TRACE=not tma))
+    case(f"fused_sequential tma={tma}", G.fused_sequential_kernel, {**gemm, **sync(not tma), **WORLD},
+         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8))
     if not tma:
         continue  # the pointer path of the pattern kernels is the same tile_dot as fused_sequential's
     case(f"workgroup_specialized tma={tma}", G.workgroup_specialized_kernel,
-         {**gemm, "gemm_programs": "i32", **SYNC, "flags_ptr": "*i64"},
-         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8, TRACE=tma))
-    case(f"producer tma={tma}", G.producer_kernel,
-         {**gemm, "state_ptr": "*i64", "flags_ptr": "*i64", "trace_ptr": "*i64", "rank": "i32", "heap_bases": "*i64"},
-         dict(TILE, BLOCK_K=BK, USE_TMA=tma, TRACE=False))
-case("matmul cut c_tma", matmul_kernel, {**ab(True), "c": f"tensordesc<bf16[{BM}, {BN // 2}]>", **MATMUL},
-     dict(TILE, BLOCK_K=BK, USE_TMA=True, C_TMA=True, SUBTILE=True, FLATTEN=True, CUT=True))
+         {**gemm, "gemm_programs": "i32", **sync(tma), **WORLD},
+         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8))
+    case(f"producer tma={tma}", G.producer_kernel, {**gemm, **sync(False), **WORLD},
+         dict(TILE, BLOCK_K=BK, USE_TMA=tma))
+case("matmul cut c_tma", matmul_kernel,
+     {**ab(True), "c": f"tensordesc<bf16[{BM}, {BN // 2}]>", **matmul_sig(cut=True, trace=False)},
+     dict(TILE, BLOCK_K=BK, USE_TMA=True, C_TMA=True, SUBTILE=True, FLATTEN=True))
 for wait in (True, False):
     case(f"scatter wait={wait}", G.scatter_kernel,
-         {"c": "*bf16", "M": "i32", "N": "i32", "stride_cm": "i32", **SYNC, "flags_ptr": "*i64"},
-         dict(TILE, WORLD_BLOCK=8, WAIT_FLAGS=wait, TRACE=wait))
+         {"c": "*bf16", "M": "i32", "N": "i32", "stride_cm": "i32", **sync(wait), **WORLD},
+         dict(TILE, WORLD_BLOCK=8, WAIT_FLAGS=wait))
 # all_gather_gemm reads A through pointers (from peers, or from what the kernel gathered).
 agg = {"a_local": "*bf16", "b": "*bf16", "c": "*bf16", "m": "i32", "N": "i32", "K": "i32", "stride_am": "i32",
        "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32", "stride_cm": "i32"}
-case("all_gather_gemm pull tma=False", AG.pull_kernel, {**agg, **SYNC}, dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
+case("all_gather_gemm pull tma=False", AG.pull_kernel, {**agg, **sync(False), **WORLD},
+     dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
 case("all_gather_gemm gather tma=False", AG.gather_gemm_kernel,
-     {**agg, "a_full": "*bf16", "gather_programs": "i32", **SYNC, "flags_ptr": "*i64"},
-     dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8, TRACE=True))
+     {"a_local": "*bf16", "a_full": "*bf16", **{k: v for k, v in agg.items() if k != "a_local"},
+      "gather_programs": "i32", **sync(True), **WORLD},
+     dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
 for tma in (True, False):
-    grs = {"a": ab(tma)["a"], "b": ab(tma)["b"], "slots": "*bf16", "m": "i32", "N": "i32", "K": "i32",
-           "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32"}
-    case(f"gemm_reduce_scatter push tma={tma}", RS.push_kernel, {**grs, **SYNC},
+    grs = {"a": ab(tma)["a"], "b": ab(tma)["b"], "slots": "*bf16"}
+    grs_sizes = {"m": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32",
+                 "stride_bn": "i32"}
+    case(f"gemm_reduce_scatter push tma={tma}", RS.push_kernel, {**grs, **grs_sizes, **sync(False), **WORLD},
          dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8))
     case(f"gemm_reduce_scatter push_reduce tma={tma}", RS.push_reduce_kernel,
-         {**grs, "c": "*bf16", "gemm_programs": "i32", **SYNC, "flags_ptr": "*i64"},
-         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8, TRACE=tma))
+         {**grs, "c": "*bf16", **grs_sizes, "gemm_programs": "i32", **sync(tma), **WORLD},
+         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8))
 case("reduce_slots", RS.reduce_slots_kernel, {"slots": "*bf16", "c": "*bf16", "m": "i32", "N": "i32",
      "world_size": "i32"}, {"BLOCK": 1024})
 print(json.dumps(results))

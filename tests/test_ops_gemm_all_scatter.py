@@ -143,7 +143,7 @@ def test_bad_input_is_refused_before_anything_runs(pool2):
 
 
 def test_auto_takes_the_first_measured_rule_that_applies_else_baseline():
-    from trident.ops.common import table_choice
+    from trident.ops.fused_call import table_choice
     from trident.ops.gemm_all_scatter import AUTO_TABLE
 
     table = {("H200", 8): [(1 << 40, "fused_sequential"), (1 << 30, "producer_consumer")],
@@ -158,14 +158,15 @@ def test_auto_takes_the_first_measured_rule_that_applies_else_baseline():
 
 
 def test_default_comm_programs_follow_the_peers_each_tile_goes_to():
-    import types
+    from trident.ops import OPS
+    from trident.platform import Platform
 
-    from trident.ops.gemm_all_scatter import default_comm_programs
+    def gpu(world_size):
+        return Platform("cuda", torch.device("cuda", 0), 132, "NVIDIA H200", 8, world_size)
 
-    gpu = [default_comm_programs(types.SimpleNamespace(device=torch.device("cuda"), world_size=w))
-           for w in (1, 2, 4, 8)]
-    assert gpu == [1, 3, 7, 16]
-    assert default_comm_programs(types.SimpleNamespace(device=torch.device("cpu"), world_size=8)) == 2
+    gpu_defaults = [OPS["gemm_all_scatter"].comm_programs(gpu(w)) for w in (1, 2, 4, 8)]
+    assert gpu_defaults == [1, 3, 7, 16]
+    assert OPS["gemm_all_scatter"].comm_programs(Platform("sim", torch.device("cpu"), 4, "cpu", 0, 8)) == 2
 
 
 def test_one_rank_every_pattern_is_the_gemm():

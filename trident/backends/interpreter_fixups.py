@@ -16,9 +16,18 @@
    ``tl.cdiv``, ...) compiled-mode functions, since ``TRITON_INTERPRET`` was not yet set; called
    from a kernel the simulator runs, they would raise "Cannot call @triton.jit'd outside of the
    scope of a kernel". The simulator runs them as the interpreter runs its own functions.
+5. ``tl.dot`` of bf16 blocks multiplies their raw bits (numpy has no bf16: the interpreter keeps
+   them as uint16), which gives garbage (Triton 3.6 to 3.9). The simulator widens bf16 operands
+   to fp32 first, which is exact, and what the tensor cores compute: bf16 products summed in fp32.
+6. The interpreter wraps every exception raised inside a kernel in ``InterpreterError(repr(e))``,
+   once per device-function level, so a wait that gives up in the simulator surfaced as an
+   ``InterpreterError`` nested four deep with escaped text, which ``except trident.RankTimeoutError``
+   does not catch. The simulator's launches re-raise the trident error inside, as it was raised.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -51,6 +60,10 @@ def apply() -> None:
     from triton.runtime import interpreter
 
     _run_compiled_mode_functions_interpreted(interpreter)
+    with contextlib.suppress(AttributeError):  # a launcher laid out differently: errors stay wrapped
+        _raise_trident_errors_unwrapped(interpreter)
+    with contextlib.suppress(AttributeError, TypeError):  # a dot laid out differently: leave it alone
+        _widen_bf16_dot_operands(interpreter)
     try:
         _install_atomic_fallbacks(interpreter)
         needed = _needs_index_fix()
@@ -65,6 +78,26 @@ def apply() -> None:
         scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).item()))
 
     interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+def _raise_trident_errors_unwrapped(interpreter) -> None:
+    """Fix-up 6: a kernel launch re-raises the trident error (wait timeout, device fault) it wraps."""
+    from ..errors import TridentError
+
+    original = interpreter.GridExecutor.__call__
+
+    def launch(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        except Exception as exc:
+            cause = exc
+            while cause is not None and not isinstance(cause, TridentError):
+                cause = cause.__cause__
+            if cause is None:
+                raise
+            raise cause.with_traceback(cause.__traceback__) from None
+
+    interpreter.GridExecutor.__call__ = launch
 
 
 def _run_compiled_mode_functions_interpreted(interpreter) -> None:
@@ -145,3 +178,32 @@ def _install_atomic_fallbacks(interpreter) -> None:
         return original_cast(self, src, dst_type)
 
     builder.cast_impl = cast_impl
+
+
+def _bf16_dot_is_wrong(interpreter) -> bool:
+    """Whether the interpreter's ``tl.dot`` gets ``[[1.0]] @ [[1.0]]`` in bf16 wrong."""
+    import triton.language as tl
+
+    one = interpreter.TensorHandle(np.array([[0x3F80]], dtype=np.uint16), tl.bfloat16)  # 1.0 in bf16
+    acc = interpreter.TensorHandle(np.zeros((1, 1), dtype=np.float32), tl.float32)
+    got = interpreter.InterpreterBuilder().create_dot(one, one, acc, None, None)
+    return float(np.asarray(got.data).item()) != 1.0
+
+
+def _widen_bf16_dot_operands(interpreter) -> None:
+    import triton.language as tl
+
+    if not _bf16_dot_is_wrong(interpreter):
+        return
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_dot
+
+    def wide(handle):
+        if handle.dtype.scalar == tl.bfloat16:
+            return interpreter.TensorHandle(_bf16_to_f32(np.asarray(handle.data)), tl.float32)
+        return handle
+
+    def create_dot(self, a, b, *rest, **kwargs):
+        return original(self, wide(a), wide(b), *rest, **kwargs)
+
+    builder.create_dot = create_dot

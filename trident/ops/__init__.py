@@ -6,18 +6,46 @@ patterns chosen by name (docs/gemm-all-scatter.md, docs/tensor-parallel-ops.md):
 * ``gemm_all_scatter(ctx, A, B_local, C)``: ``C = A @ [B_0 | B_1 | ...]`` on every rank;
 * ``all_gather_gemm(ctx, A_local, B, C)``: ``C = [A_0; A_1; ...] @ B`` (rows gathered);
 * ``gemm_reduce_scatter(ctx, A, B, C)``: ``C = my rows of sum over ranks of A @ B``.
+
+Each op is described by one :class:`~trident.ops.fused_call.OpSpec` in :data:`OPS` (its
+patterns, its measured ``auto`` table, its default communication programs), and
+:func:`choose_pattern` says what ``pattern="auto"`` runs for any of them.
+
+Example::
+
+    trident.ops.OPS["all_gather_gemm"].pattern_names   # ('bulk_synchronous', ..., 'baseline', 'auto')
+    trident.ops.choose_pattern(ctx, "gemm_reduce_scatter", 8192, 8192, 3584)
 """
 
-from .all_gather_gemm import PATTERNS as _AGG_PATTERNS
-from .all_gather_gemm import all_gather_gemm
-from .gemm_all_scatter import AUTO_TABLE, PATTERNS, choose_pattern, gemm_all_scatter
-from .gemm_reduce_scatter import PATTERNS as _GRS_PATTERNS
-from .gemm_reduce_scatter import gemm_reduce_scatter
-from .matmul import MatmulConfig, matmul, pick_config
+from .all_gather_gemm import ALL_GATHER_GEMM, all_gather_gemm
+from .fused_call import OpSpec
+from .gemm_all_scatter import AUTO_TABLE, GEMM_ALL_SCATTER, PATTERNS, gemm_all_scatter
+from .gemm_reduce_scatter import GEMM_REDUCE_SCATTER, gemm_reduce_scatter
+from .matmul import SIM_CONFIG, MatmulConfig, matmul, pick_config
 
-#: Patterns of each collective op, by op name.
-OP_PATTERNS = {"gemm_all_scatter": PATTERNS, "all_gather_gemm": _AGG_PATTERNS,
-               "gemm_reduce_scatter": _GRS_PATTERNS}
+#: The fused ops by name.
+OPS: dict[str, OpSpec] = {spec.name: spec for spec in (GEMM_ALL_SCATTER, ALL_GATHER_GEMM, GEMM_REDUCE_SCATTER)}
+#: Every value of each op's ``pattern`` argument, by op name.
+OP_PATTERNS: dict[str, tuple[str, ...]] = {name: spec.pattern_names for name, spec in OPS.items()}
 
-__all__ = ["matmul", "MatmulConfig", "pick_config", "gemm_all_scatter", "PATTERNS", "AUTO_TABLE", "choose_pattern",
-           "all_gather_gemm", "gemm_reduce_scatter", "OP_PATTERNS"]
+
+def choose_pattern(ctx, op: str, M: int, N: int, K: int) -> str:
+    """What ``pattern="auto"`` of op ``op`` runs for an ``M x N x K`` product on this context.
+
+    ``M, N, K`` as the op sees the problem: for ``gemm_all_scatter`` N is all ranks' columns, for
+    ``all_gather_gemm`` M is all ranks' rows, for ``gemm_reduce_scatter`` K is this rank's shard.
+    The first rule of the op's ``auto`` table for this GPU and world size whose size threshold
+    ``M*N*K`` reaches, else ``baseline``; with ranks sharing a GPU (NCCL cannot run there)
+    ``fused_sequential``, a correctness setting only.
+
+    Example::
+
+        trident.ops.choose_pattern(ctx, "gemm_all_scatter", 8192, 4608, 36864)   # 'baseline' until measured
+    """
+    if op not in OPS:
+        raise ValueError(f"choose_pattern: op={op!r} is not one of {tuple(OPS)}")
+    return OPS[op].choose(ctx.platform, M * N * K)
+
+
+__all__ = ["matmul", "MatmulConfig", "SIM_CONFIG", "pick_config", "gemm_all_scatter", "all_gather_gemm",
+           "gemm_reduce_scatter", "OPS", "OpSpec", "OP_PATTERNS", "choose_pattern", "PATTERNS", "AUTO_TABLE"]

@@ -20,22 +20,24 @@ import torch
 import triton
 
 from ..ccl import all_gather
-from ..ccl.api import agree_in_debug, input_stage
-from . import agg_kernels as kernels
-from .common import auto_pattern, check_operands, check_pattern, comm_span, gather_into, split_roles, sync_state
-from .matmul import MatmulConfig, launch_matmul, num_programs, pick_config, sm_count
-
-PATTERNS = ("bulk_synchronous", "fused_sequential", "workgroup_specialized", "baseline", "auto")
+from ..ccl.api import input_stage
+from . import all_gather_gemm_kernels as kernels
+from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, comm_span, prepare_call, split_roles
+from .matmul import MatmulConfig, launch_matmul, num_programs
+from .torch_baselines import gather_into
 
 #: ``auto``'s measured choices, as :data:`trident.ops.AUTO_TABLE` (docs/tensor-parallel-ops.md).
 #: Empty until several-GPU runs are recorded: ``auto`` runs ``baseline``.
 AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {}
+#: Programs that gather in ``workgroup_specialized`` on a GPU, when not given.
+GPU_COMM_PROGRAMS = 16
 
 
-def _check(ctx, A_local, B, C, pattern, config, comm_programs) -> None:
+def _check_all_gather_gemm_args(ctx, A_local, B, C, pattern, config, comm_programs) -> None:
+    """Every argument problem, raised before anything runs (the message names the rank)."""
     where = f"rank {ctx.rank}: all_gather_gemm"
-    check_pattern(ctx, where, pattern, PATTERNS, comm_programs)
-    check_operands(ctx, where, config, A_local=A_local, B=B, C=C)
+    check_pattern(ctx, where, pattern, ALL_GATHER_GEMM, comm_programs)
+    check_fused_operands(ctx, where, config, A_local=A_local, B=B, C=C)
     if A_local.shape[1] != B.shape[0]:
         raise ValueError(f"{where}: K mismatch: A_local is {tuple(A_local.shape)} (M/world_size x K) but B is "
                          f"{tuple(B.shape)} (K x N)")
@@ -44,8 +46,93 @@ def _check(ctx, A_local, B, C, pattern, config, comm_programs) -> None:
         raise ValueError(f"{where}: C is {tuple(C.shape)}; expected (world_size * A_local rows, N) = {want}")
     # Peers find A_local at my offset: every rank must pass the same heap tensor (or a plain one).
     placement = ctx.heap_offset(A_local) if ctx.is_symmetric(A_local) else "not on the heap"
-    agree_in_debug(ctx, "all_gather_gemm", tuple(A_local.shape), tuple(B.shape), A_local.dtype, pattern,
-                   f"A_local at heap offset {placement}")
+    ctx.agree_in_debug("all_gather_gemm", tuple(A_local.shape), tuple(B.shape), A_local.dtype, pattern,
+                       f"A_local at heap offset {placement}")
+
+
+def _full_a(call: FusedCall) -> torch.Tensor:
+    """A local ``world_size * m x K`` tensor for the gathered A."""
+    m, K = call.A.shape
+    return torch.empty(call.ctx.world_size * m, K, dtype=call.A.dtype, device=call.ctx.device)
+
+
+def _staged_a_local(call: FusedCall) -> torch.Tensor:
+    """A_local where peers can read it: itself when symmetric, else a copy in the collectives' input
+    buffer. The buffer is taken on every rank all the same (used or not), so heap allocations stay
+    in step."""
+    A_local, ctx = call.A, call.ctx
+    stage = input_stage(ctx, A_local.numel(), A_local.dtype).view(A_local.shape)
+    if ctx.is_symmetric(A_local):
+        return A_local
+    return stage.copy_(A_local)
+
+
+def _bulk_synchronous(call: FusedCall) -> None:
+    """``trident.ccl.all_gather`` into a local A, then the matmul."""
+    a_full = _full_a(call)
+    with comm_span(call.trace):
+        all_gather(call.ctx, a_full, call.A)
+    launch_matmul(a_full, call.B, call.C, call.cfg, call.trace_ptr, call.ctx.rank)
+
+
+def _fused_sequential(call: FusedCall) -> None:
+    """One persistent kernel; each tile reads its rows of A from their owner."""
+    ctx, cfg, B, C = call.ctx, call.cfg, call.B, call.C
+    a_local = _staged_a_local(call)
+    m, K = a_local.shape
+    N = B.shape[1]
+    tiles = ctx.world_size * triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
+    kernels.pull_kernel[(num_programs(ctx.platform, tiles, cfg),)](
+        a_local, B, C,
+        m, N, K,
+        a_local.stride(0), a_local.stride(1), B.stride(0), B.stride(1), C.stride(0),
+        call.sync(), call.trace_ptr,
+        ctx.rank, ctx.world_size, ctx.heap_bases,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        WORLD_BLOCK=call.world_block,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _workgroup_specialized(call: FusedCall) -> None:
+    """One kernel: gather programs copy A's row blocks and flag them, the others multiply."""
+    ctx, cfg, B, C = call.ctx, call.cfg, call.B, call.C
+    a_local = _staged_a_local(call)
+    m, K = a_local.shape
+    N = B.shape[1]
+    tiles = ctx.world_size * triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
+    blocks = ctx.world_size * triton.cdiv(m, cfg.BLOCK_M)
+    sync = call.sync(flags=blocks)
+    # The GEMM programs wait for the gather programs of the same launch.
+    gemm_programs, comm = split_roles(call, comm_work=blocks, other_work=tiles)
+    a_full = _full_a(call)
+    kernels.gather_gemm_kernel[(comm + gemm_programs,)](
+        a_local, a_full, B, C,
+        m, N, K,
+        a_local.stride(0), a_local.stride(1), B.stride(0), B.stride(1), C.stride(0),
+        comm,
+        sync, call.trace_ptr,
+        ctx.rank, ctx.world_size, ctx.heap_bases,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        WORLD_BLOCK=call.world_block,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _baseline(call: FusedCall) -> None:
+    """torch.distributed's all-gather, then torch.matmul."""
+    a_full = _full_a(call)
+    gather_into(a_full, call.A)
+    torch.matmul(a_full, call.B, out=call.C)
+
+
+#: The op: its patterns, ``auto`` table and communication programs.
+ALL_GATHER_GEMM = OpSpec(
+    name="all_gather_gemm",
+    patterns={"bulk_synchronous": _bulk_synchronous, "fused_sequential": _fused_sequential,
+              "workgroup_specialized": _workgroup_specialized, "baseline": _baseline},
+    auto_table=AUTO_TABLE,
+    gpu_comm_programs=lambda world_size: GPU_COMM_PROGRAMS)
+#: Every value of ``pattern``.
+PATTERNS = ALL_GATHER_GEMM.pattern_names
 
 
 def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor, pattern: str = "auto",
@@ -63,14 +150,15 @@ def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor
         C: ``world_size * m x N`` result, on the device (need not be symmetric).
         pattern: one of :data:`PATTERNS` (see the module docstring); the same on every rank.
         config: a :class:`MatmulConfig` for the GEMM tiles (None: the table's).
-        comm_programs: programs that gather in ``workgroup_specialized`` (None: 16 on a GPU, 2 in
-            the simulator).
+        comm_programs: programs that gather in ``workgroup_specialized`` (None:
+            :data:`GPU_COMM_PROGRAMS` on a GPU, 2 in the simulator).
         trace: a ``trident.trace.Trace`` to record per-tile events, or None (``bulk_synchronous``
             records its all-gather as one event, ``baseline`` nothing).
 
     Returns:
-        ``C``, ordered on the current stream. No host synchronization inside (the first call on a
-        context allocates the fused ops' flags collectively and runs ``ctx.barrier()``).
+        ``C``, ordered on the current stream. No host synchronization inside (the fused ops' sync
+        block is made, or grown, collectively with device barriers:
+        :func:`~trident.ops.call_sync.sync_block`).
 
     Example::
 
@@ -78,52 +166,15 @@ def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor
         C = torch.empty(ctx.world_size * 1024, 2048, dtype=torch.bfloat16, device=ctx.device)
         trident.ops.all_gather_gemm(ctx, A_local, W_up_shard, C)       # every rank's tokens x my columns
     """
-    _check(ctx, A_local, B, C, pattern, config, comm_programs)
+    _check_all_gather_gemm_args(ctx, A_local, B, C, pattern, config, comm_programs)
     m, K = A_local.shape
     N = B.shape[1]
     M = ctx.world_size * m
-    if pattern == "auto":
-        pattern = auto_pattern(ctx, AUTO_TABLE, M * N * K, shared="fused_sequential")
+    call = prepare_call(ctx, ALL_GATHER_GEMM, pattern, A_local, B, C, gemm=(M, N, K), size=M * N * K,
+                        config=config, comm_programs=comm_programs, trace=trace)
     if M == 0 or N == 0:
         return C
     if K == 0:
         return C.zero_()
-    if pattern == "baseline":
-        a_full = torch.empty(M, K, dtype=A_local.dtype, device=ctx.device)
-        gather_into(a_full, A_local)
-        return torch.matmul(a_full, B, out=C)
-    cfg = config or pick_config(M, N, K, A_local.dtype, ctx.backend, sm_count(ctx.device))
-    if pattern == "bulk_synchronous":
-        a_full = torch.empty(M, K, dtype=A_local.dtype, device=ctx.device)
-        with comm_span(trace):
-            all_gather(ctx, a_full, A_local)
-        launch_matmul(a_full, B, C, cfg, None if trace is None else trace.ptr, ctx.rank)
-        return C
-    # Peers read A_local: a plain one goes into the collectives' input buffer. It is taken on every
-    # rank all the same (whether used or not), so heap allocations stay in step.
-    stage = input_stage(ctx, A_local.numel(), A_local.dtype).view(A_local.shape)
-    if ctx.is_symmetric(A_local):
-        stage = A_local
-    else:
-        stage.copy_(A_local)
-    sync = sync_state(ctx)
-    trace_ptr = sync.trace_ptr(trace)
-    common = dict(rank=ctx.rank, world_size=ctx.world_size, heap_bases=ctx.heap_bases, BLOCK_M=cfg.BLOCK_M,
-                  BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-                  WORLD_BLOCK=triton.next_power_of_2(ctx.world_size), TRACE=trace is not None,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    tiles = ctx.world_size * triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
-    if pattern == "fused_sequential":
-        kernels.pull_kernel[(num_programs(ctx.device, tiles, cfg),)](
-            stage, B, C, m, N, K, stage.stride(0), stage.stride(1), B.stride(0), B.stride(1), C.stride(0),
-            sync.state, sync.ready, sync.arrived, trace_ptr, **common)
-        return C
-    # workgroup_specialized: the GEMM programs wait for the gather programs of the same launch.
-    blocks = ctx.world_size * triton.cdiv(m, cfg.BLOCK_M)
-    flags = sync.tile_flags(blocks)
-    gemm_programs, comm = split_roles(ctx, cfg, comm_programs, comm_work=blocks, other_work=tiles)
-    a_full = torch.empty(M, K, dtype=A_local.dtype, device=ctx.device)
-    kernels.gather_gemm_kernel[(comm + gemm_programs,)](
-        stage, a_full, B, C, m, N, K, stage.stride(0), stage.stride(1), B.stride(0), B.stride(1), C.stride(0),
-        comm, sync.state, sync.ready, sync.arrived, flags, trace_ptr, **common)
+    call.run()
     return C

@@ -1,18 +1,35 @@
 """Call-level synchronization shared by the fused GEMM + communication kernels.
 
 Every fused op is one collective call made of one kernel (or two, stream-ordered). Ranks meet
-through three small symmetric arrays of int64 and one epoch, kept on the device and never reset
-(``trident.ops.common.SyncState``):
+through one symmetric block of int64 words per context, the *sync block*, kept on the device
+and never reset between calls (:func:`sync_block`). Its layout (word indices)::
+
+    EPOCH_WORD                        the epoch of the last call this rank finished (0, 1, 2, ...)
+    TICKET_WORD                       programs of the running launch that reached finish_call
+    READY_WORD + p                    READY[p]: the last call rank p has entered
+    READY_WORD + world_size + p       ARRIVED[p]: the last call rank p is done with this rank in
+    READY_WORD + 2 * world_size + i   FLAGS[i]: tile (or row block) i of the running call is done
+                                      when it holds the call's epoch
+
+Kernels take the block as one ``sync_ptr`` and find the regions with :func:`ready_words`,
+:func:`arrived_words` and :func:`flag_words`. The handshake:
 
 * :func:`enter_call`: every program reads the call's epoch (the last finished call's + 1);
-  program 0 tells every peer "I am in call ``epoch``" (``ready[rank] = epoch`` at each peer):
+  program 0 tells every peer "I am in call ``epoch``" (``READY[rank] = epoch`` at each peer):
   this rank's inputs for the call are written and its outputs of the last call are consumed.
 * :func:`wait_peers_ready`: before a program first touches a peer (reads its input, writes its
   output), it acquires that from every peer.
 * :func:`finish_call`: every program takes a ticket at its end; the last one tells every peer
-  "I am done with you" (``arrived[rank] = epoch``), waits until every peer has said the same,
+  "I am done with you" (``ARRIVED[rank] = epoch``), waits until every peer has said the same,
   and stores the new epoch. So when the kernel ends, every peer's writes into this rank have
   landed and no peer still reads this rank's inputs.
+
+Epochs only grow, so flags never need a reset: a flag from an earlier call holds a smaller
+epoch. When a call needs more flags than the block holds, the block is replaced by a bigger,
+zeroed one on every rank at that call (the sizes are the same everywhere), after every earlier
+kernel has finished: epochs restart from 0 everywhere at once. A CUDA graph keeps the block's
+address: capture a fused op after an uncaptured call of the same sizes, so that it does not grow
+during capture, and capture again after a call that grew it.
 
 In the simulator a launch's programs run one after another: the program that waits in
 :func:`finish_call` is the last one to finish, so nothing waits for a program not yet run.
@@ -20,40 +37,128 @@ In the simulator a launch's programs run one after another: the program that wai
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from ..device import signal, wait
+from ..runtime.resources import GrowingBuffer
+
+# Word indices (int64) inside the sync block; the READY, ARRIVED and FLAGS regions follow READY_WORD.
+EPOCH_WORD = 0
+TICKET_WORD = 1
+READY_WORD = 2
+#: Tile flags the block has room for at least (so that small calls never grow it).
+MIN_FLAGS = 64
+
+_EPOCH = tl.constexpr(EPOCH_WORD)
+_TICKET = tl.constexpr(TICKET_WORD)
+_READY = tl.constexpr(READY_WORD)
+
+
+def sync_words(world_size: int, flags: int = 0) -> int:
+    """Words of a sync block for ``world_size`` ranks with ``flags`` tile flags (at least :data:`MIN_FLAGS`).
+
+    Example::
+
+        sync = ctx.zeros(sync_words(ctx.world_size, tiles), dtype=torch.int64)   # a kernel's own block
+    """
+    return READY_WORD + 2 * world_size + max(flags, MIN_FLAGS)
+
+
+def sync_block(ctx, flags: int = 0) -> torch.Tensor:
+    """The context's sync block (int64, symmetric) with room for ``flags`` tile flags; collective.
+
+    Made on first use and grown when a call needs more flags, zeroed, on every rank at the same
+    call (:class:`~trident.runtime.resources.GrowingBuffer`). Shared by every fused op of the
+    context, so that their epochs follow one count.
+
+    Example::
+
+        sync = sync_block(ctx, flags=tiles)
+        kernel[grid](..., sync, trace_ptr, ctx.rank, ctx.world_size, ctx.heap_bases, ...)
+    """
+    block = ctx.resource("ops.sync", lambda: GrowingBuffer(ctx, zeroed=True))
+    return block.view(sync_words(ctx.world_size, flags), torch.int64)
 
 
 @triton.jit
-def enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
-    """This call's epoch (1, 2, ...); program 0 also releases ``ready[rank] = epoch`` at every peer."""
-    epoch = tl.load(state_ptr) + 1
+def ready_words(sync_ptr):
+    """``READY[0 .. world_size - 1]``: ``READY[p]`` is the last call rank ``p`` has entered."""
+    return sync_ptr + _READY
+
+
+@triton.jit
+def arrived_words(sync_ptr, world_size):
+    """``ARRIVED[0 .. world_size - 1]``: ``ARRIVED[p]`` is the last call rank ``p`` is done with this rank in."""
+    return sync_ptr + _READY + world_size
+
+
+@triton.jit
+def flag_words(sync_ptr, world_size):
+    """The tile flags: ``FLAGS[i]`` holds the call's epoch once tile (or row block) ``i`` is done.
+
+    Example::
+
+        flags = flag_words(sync_ptr, world_size)
+        signal(flags + tile, epoch, rank, rank, heap_bases, scope="gpu")
+    """
+    return sync_ptr + _READY + 2 * world_size
+
+
+@triton.jit
+def call_epoch(sync_ptr):
+    """The epoch of the call in progress (the last finished call's + 1), without entering the call:
+    for a kernel that only signals local flags while another kernel of the call does the handshake."""
+    return tl.load(sync_ptr + _EPOCH) + 1
+
+
+@triton.jit
+def enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
+    """This call's epoch (1, 2, ...); program 0 also releases ``READY[rank] = epoch`` at every peer.
+
+    Example::
+
+        epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    """
+    epoch = call_epoch(sync_ptr)
     if tl.program_id(0) == 0:
         peers = tl.arange(0, WORLD_BLOCK)
-        signal(ready_ptr + rank + peers * 0, epoch, rank, peers, heap_bases, mask=peers < world_size)
+        signal(ready_words(sync_ptr) + rank + peers * 0, epoch, rank, peers, heap_bases, mask=peers < world_size)
     return epoch
 
 
 @triton.jit
-def wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases):
+def wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases):
     """Acquire: every peer has entered call ``epoch``. Called once per program, before its first
     store into a peer. One scalar wait per peer: each poll is a plain acquire load, so many programs
-    polling the same flag do not queue up behind each other as read-modify-write atomics would."""
+    polling the same flag do not queue up behind each other as read-modify-write atomics would.
+
+    Example::
+
+        wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
+        trident.store(c + offs, tile, rank, peer, heap_bases, mask=mask)
+    """
+    ready = ready_words(sync_ptr)
     for peer in range(world_size):
-        wait(ready_ptr + peer, epoch, rank, rank, heap_bases, cmp="ge")
+        wait(ready + peer, epoch, rank, rank, heap_bases, cmp="ge")
 
 
 @triton.jit
-def finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
-    """Called by every program at its end; the last one to get here completes the call (see module doc)."""
+def finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
+    """Called by every program at its end; the last one to get here completes the call (see module doc).
+
+    Example::
+
+        finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    """
     tl.debug_barrier()  # every thread's stores before the ticket's release
-    ticket = tl.atomic_add(state_ptr + 1, 1, sem="acq_rel", scope="sys")
+    ticket = tl.atomic_add(sync_ptr + _TICKET, 1, sem="acq_rel", scope="sys")
     if ticket == tl.num_programs(0) - 1:
-        tl.store(state_ptr + 1, 0)  # the next launch (stream-ordered after this one) counts afresh
-        tl.store(state_ptr, epoch)
+        tl.store(sync_ptr + _TICKET, 0)  # the next launch (stream-ordered after this one) counts afresh
+        tl.store(sync_ptr + _EPOCH, epoch)
         peers = tl.arange(0, WORLD_BLOCK)
         is_peer = peers < world_size
-        signal(arrived_ptr + rank + peers * 0, epoch, rank, peers, heap_bases, mask=is_peer)
-        wait(arrived_ptr + peers, epoch, rank, rank, heap_bases, cmp="ge", mask=is_peer)
+        arrived = arrived_words(sync_ptr, world_size)
+        signal(arrived + rank + peers * 0, epoch, rank, peers, heap_bases, mask=is_peer)
+        wait(arrived + peers, epoch, rank, rank, heap_bases, cmp="ge", mask=is_peer)

@@ -23,12 +23,10 @@ import contextlib
 import torch
 import triton
 
-from ..ccl.api import agree_in_debug
-from . import gas_kernels as kernels
-from .common import auto_pattern, check_operands, check_pattern, gather_into, split_roles, sync_state
-from .matmul import MatmulConfig, launch_matmul, operands, pick_config, sm_count
-
-PATTERNS = ("bulk_synchronous", "producer_consumer", "fused_sequential", "workgroup_specialized", "baseline", "auto")
+from . import gemm_all_scatter_kernels as kernels
+from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, prepare_call, split_roles
+from .matmul import MatmulConfig, launch_matmul, num_programs, operands
+from .torch_baselines import gather_into
 
 #: ``auto``'s measured choices: (GPU name, world size) -> [(minimum M*N*K, pattern), ...], largest
 #: first. Only figures measured on that many GPUs of that kind belong here (docs/gemm-all-scatter.md);
@@ -36,11 +34,24 @@ PATTERNS = ("bulk_synchronous", "producer_consumer", "fused_sequential", "workgr
 AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {}
 
 
-def _check(ctx, A, B_local, C, pattern, config, comm_programs) -> None:
+def gpu_comm_programs(world_size: int) -> int:
+    """Communication programs of ``producer_consumer`` / ``workgroup_specialized`` on a GPU, when
+    not given: 16 at 8 ranks, in proportion to the ``world_size - 1`` peers every tile is stored
+    into (1 at one rank, where there is nothing to send, 3 at two, 7 at four): SMs given to
+    communication are taken from the GEMM.
+
+    Example::
+
+        gpu_comm_programs(8)   # 16
+    """
+    return max(1, -(-16 * (world_size - 1) // 7))
+
+
+def _check_gemm_all_scatter_args(ctx, A, B_local, C, pattern, config, comm_programs) -> None:
     """Every argument problem, raised before anything runs (the message names the rank)."""
     where = f"rank {ctx.rank}: gemm_all_scatter"
-    check_pattern(ctx, where, pattern, PATTERNS, comm_programs)
-    check_operands(ctx, where, config, ("C",), A=A, B_local=B_local, C=C)
+    check_pattern(ctx, where, pattern, GEMM_ALL_SCATTER, comm_programs)
+    check_fused_operands(ctx, where, config, ("C",), A=A, B_local=B_local, C=C)
     if A.shape[1] != B_local.shape[0]:
         raise ValueError(f"{where}: K mismatch: A is {tuple(A.shape)} (M x K) but B_local is "
                          f"{tuple(B_local.shape)} (K x N/world_size)")
@@ -50,46 +61,118 @@ def _check(ctx, A, B_local, C, pattern, config, comm_programs) -> None:
                          f"({A.shape[0]}, {w} * {B_local.shape[1]}): N must be divisible by world_size {w} and "
                          f"every rank's B_local must hold N / world_size columns")
     # Peers store into C at my offset: every rank must pass the same heap tensor.
-    agree_in_debug(ctx, "gemm_all_scatter", tuple(A.shape), tuple(B_local.shape), A.dtype, pattern,
-                   f"C at heap offset {ctx.heap_offset(C)}")
+    ctx.agree_in_debug("gemm_all_scatter", tuple(A.shape), tuple(B_local.shape), A.dtype, pattern,
+                       f"C at heap offset {ctx.heap_offset(C)}")
 
 
-def choose_pattern(ctx, M: int, N: int, K: int) -> str:
-    """What ``pattern="auto"`` runs for an ``M x N x K`` product (N: all ranks' columns).
+class _Block:
+    """This rank's part of a call: its column block of C, the block's sizes and tiles."""
 
-    The first :data:`AUTO_TABLE` entry for this GPU and world size whose size threshold ``M*N*K``
-    reaches (:func:`~trident.ops.common.table_choice`); else ``baseline``. With ranks sharing a
-    GPU (NCCL cannot run there) it is ``fused_sequential``, a correctness setting only.
-
-    Example::
-
-        trident.ops.choose_pattern(ctx, 8192, 4608, 36864)   # 'baseline' until measured otherwise
-    """
-    return auto_pattern(ctx, AUTO_TABLE, M * N * K, shared="fused_sequential")
+    def __init__(self, call: FusedCall):
+        self.M, self.K = call.A.shape
+        self.n = call.B.shape[1]
+        rank = call.ctx.rank
+        self.block = call.C[:, rank * self.n:(rank + 1) * self.n]  # my column block: same offsets on every rank
+        self.tiles = triton.cdiv(self.M, call.cfg.BLOCK_M) * triton.cdiv(self.n, call.cfg.BLOCK_N)
 
 
-def default_comm_programs(ctx) -> int:
-    """Communication programs of ``producer_consumer`` / ``workgroup_specialized`` when not given.
-
-    On a GPU 16 at 8 ranks, in proportion to the ``world_size - 1`` peers every tile is stored
-    into (1 at one rank, where there is nothing to send, 3 at two, 7 at four): SMs given to
-    communication are taken from the GEMM. 2 in the simulator, whose programs run one by one.
-
-    Example::
-
-        default_comm_programs(ctx)   # 16 on 8 GPUs
-    """
-    if ctx.device.type != "cuda":
-        return 2
-    return max(1, -(-16 * (ctx.world_size - 1) // 7))
+def _scatter(call: FusedCall, s: _Block, sync: torch.Tensor, programs: int, wait_flags: bool) -> None:
+    """The all-scatter kernel on ``programs`` programs (after the GEMM, or alongside it with ``wait_flags``)."""
+    cfg, ctx = call.cfg, call.ctx
+    kernels.scatter_kernel[(programs,)](
+        s.block,
+        s.M, s.n, s.block.stride(0),
+        sync, call.trace_ptr,
+        ctx.rank, ctx.world_size, ctx.heap_bases,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, GROUP_M=cfg.GROUP_M, WORLD_BLOCK=call.world_block,
+        WAIT_FLAGS=wait_flags, num_warps=cfg.num_warps)
 
 
-def _baseline(ctx, A, B_local, C) -> None:
-    local = torch.matmul(A, B_local)
+def _bulk_synchronous(call: FusedCall) -> None:
+    """The matmul into my column block, then the all-scatter kernel."""
+    s = _Block(call)
+    sync = call.sync()
+    launch_matmul(call.A, call.B, s.block, call.cfg, call.trace_ptr, call.ctx.rank)
+    _scatter(call, s, sync, num_programs(call.ctx.platform, s.tiles, call.cfg), wait_flags=False)
+
+
+def _fused_sequential(call: FusedCall) -> None:
+    """One persistent kernel: every tile into every rank's C as it is computed."""
+    s, cfg, ctx = _Block(call), call.cfg, call.ctx
+    a, b, use_tma = operands(call.A, call.B, cfg)
+    kernels.fused_sequential_kernel[(num_programs(ctx.platform, s.tiles, cfg),)](
+        a, b, s.block,
+        s.M, s.n, s.K,
+        call.A.stride(0), call.A.stride(1), call.B.stride(0), call.B.stride(1), s.block.stride(0),
+        call.sync(), call.trace_ptr,
+        ctx.rank, ctx.world_size, ctx.heap_bases,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        USE_TMA=use_tma, WORLD_BLOCK=call.world_block,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _workgroup_specialized(call: FusedCall) -> None:
+    """One kernel: GEMM programs release tile flags, communication programs acquire and scatter."""
+    s, cfg, ctx = _Block(call), call.cfg, call.ctx
+    a, b, use_tma = operands(call.A, call.B, cfg)
+    gemm_programs, comm = split_roles(call, comm_work=s.tiles, other_work=s.tiles)
+    kernels.workgroup_specialized_kernel[(gemm_programs + comm,)](
+        a, b, s.block,
+        s.M, s.n, s.K,
+        call.A.stride(0), call.A.stride(1), call.B.stride(0), call.B.stride(1), s.block.stride(0),
+        gemm_programs,
+        call.sync(flags=s.tiles), call.trace_ptr,
+        ctx.rank, ctx.world_size, ctx.heap_bases,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        USE_TMA=use_tma, WORLD_BLOCK=call.world_block,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _producer_consumer(call: FusedCall) -> None:
+    """The GEMM on this stream, the all-scatter on a second one at the same time, tile flags between."""
+    s, cfg, ctx = _Block(call), call.cfg, call.ctx
+    a, b, use_tma = operands(call.A, call.B, cfg)
+    gemm_programs, comm = split_roles(call, comm_work=s.tiles, other_work=s.tiles)
+    sync = call.sync(flags=s.tiles)
+    side = None if ctx.platform.simulator else ctx.resource("ops.side_stream", lambda: torch.cuda.Stream(ctx.device))
+    if side is not None:
+        # The scatter stream waits for what came before this call, not for the GEMM launched
+        # next: the two kernels then run side by side (the simulator runs them one after another).
+        side.wait_stream(torch.cuda.current_stream(ctx.device))
+    kernels.producer_kernel[(gemm_programs,)](
+        a, b, s.block,
+        s.M, s.n, s.K,
+        call.A.stride(0), call.A.stride(1), call.B.stride(0), call.B.stride(1), s.block.stride(0),
+        sync, call.trace_ptr,
+        ctx.rank, ctx.world_size, ctx.heap_bases,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, USE_TMA=use_tma,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        _scatter(call, s, sync, comm, wait_flags=True)
+    if side is not None:
+        torch.cuda.current_stream(ctx.device).wait_stream(side)  # (the scatter touches heap memory only)
+
+
+def _baseline(call: FusedCall) -> None:
+    """torch.matmul, torch.distributed's all-gather, and a copy that puts the blocks side by side."""
+    ctx, C = call.ctx, call.C
+    local = torch.matmul(call.A, call.B)
     gathered = torch.empty((ctx.world_size * local.shape[0], local.shape[1]), dtype=local.dtype, device=local.device)
     gather_into(gathered, local)
     blocks = gathered.view(ctx.world_size, *local.shape)  # rank r's block is blocks[r]; C wants them side by side
     C.view(C.shape[0], ctx.world_size, -1).copy_(blocks.permute(1, 0, 2))
+
+
+#: The op: its patterns (in the order the docs list them), ``auto`` table and communication programs.
+GEMM_ALL_SCATTER = OpSpec(
+    name="gemm_all_scatter",
+    patterns={"bulk_synchronous": _bulk_synchronous, "producer_consumer": _producer_consumer,
+              "fused_sequential": _fused_sequential, "workgroup_specialized": _workgroup_specialized,
+              "baseline": _baseline},
+    auto_table=AUTO_TABLE,
+    gpu_comm_programs=gpu_comm_programs)
+#: Every value of ``pattern``.
+PATTERNS = GEMM_ALL_SCATTER.pattern_names
 
 
 def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tensor, pattern: str = "auto",
@@ -104,79 +187,29 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
         pattern: one of :data:`PATTERNS` (see the module docstring); the same on every rank.
         config: a :class:`MatmulConfig` for the GEMM tiles (None: the table's, as for ``matmul``).
         comm_programs: programs that communicate in ``producer_consumer`` and
-            ``workgroup_specialized`` (None: :func:`default_comm_programs`; at most one per tile,
-            and at least one program is left for the GEMM).
+            ``workgroup_specialized`` (None: :func:`gpu_comm_programs` on a GPU, 2 in the
+            simulator; at most one per tile, and at least one program is left for the GEMM).
         trace: a ``trident.trace.Trace`` to record per-tile compute/communication/wait events, or None.
 
     Returns:
         ``C``. Ordered on the current stream: work queued after the call sees the complete ``C``.
-        No host synchronization inside (except once: the first call on a context allocates the
-        patterns' flags on the heap, collectively, and runs ``ctx.barrier()``); per-call epochs on
-        the device keep repeated calls correct.
+        No host synchronization inside (except when the fused ops' sync block is made or grows,
+        collectively, with device barriers: :func:`~trident.ops.call_sync.sync_block`); per-call
+        epochs on the device keep repeated calls correct.
 
     Example::
 
         C = ctx.empty(M, N, dtype=torch.bfloat16)
         trident.ops.gemm_all_scatter(ctx, A, B_local, C, pattern="fused_sequential")
     """
-    _check(ctx, A, B_local, C, pattern, config, comm_programs)
+    _check_gemm_all_scatter_args(ctx, A, B_local, C, pattern, config, comm_programs)
     M, K = A.shape
     n_local = B_local.shape[1]
-    if pattern == "auto":
-        pattern = choose_pattern(ctx, M, C.shape[1], K)
+    call = prepare_call(ctx, GEMM_ALL_SCATTER, pattern, A, B_local, C, gemm=(M, n_local, K), size=M * C.shape[1] * K,
+                        config=config, comm_programs=comm_programs, trace=trace)
     if M == 0 or n_local == 0:
         return C
-    if pattern == "baseline" or K == 0:
-        if K == 0:
-            C.zero_()
-        else:
-            _baseline(ctx, A, B_local, C)
-        return C
-    sms = sm_count(ctx.device)
-    cfg = config or pick_config(M, n_local, K, A.dtype, ctx.backend, sms)
-    sync = sync_state(ctx)
-    block = C[:, ctx.rank * n_local:(ctx.rank + 1) * n_local]  # my column block: same offsets on every rank
-    tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(n_local, cfg.BLOCK_N)
-    flags = sync.tile_flags(tiles)
-    trace_ptr = sync.trace_ptr(trace)
-    programs = cfg.programs or sms
-    # The GEMM / communication split of producer_consumer and workgroup_specialized (all programs
-    # of both resident at once on a GPU: one side waits for the other).
-    gemm_programs, comm = split_roles(ctx, cfg, comm_programs or default_comm_programs(ctx), comm_work=tiles,
-                                      other_work=tiles)
-    common = dict(rank=ctx.rank, heap_bases=ctx.heap_bases, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N,
-                  GROUP_M=cfg.GROUP_M, TRACE=trace is not None)
-    world = dict(world_size=ctx.world_size, WORLD_BLOCK=triton.next_power_of_2(ctx.world_size))
-    launch = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    a, b, use_tma = operands(A, B_local, cfg)
-    gemm_args = (a, b, block, M, n_local, K, A.stride(0), A.stride(1), B_local.stride(0), B_local.stride(1),
-                 block.stride(0))
-    if pattern == "bulk_synchronous":
-        launch_matmul(A, B_local, block, cfg, None if trace is None else trace_ptr, ctx.rank)
-        kernels.scatter_kernel[(max(1, min(tiles, programs)),)](
-            block, M, n_local, block.stride(0), sync.state, sync.ready, sync.arrived, flags, trace_ptr,
-            WAIT_FLAGS=False, **common, **world, num_warps=cfg.num_warps)
-    elif pattern == "fused_sequential":
-        kernels.fused_sequential_kernel[(max(1, min(tiles, programs)),)](
-            *gemm_args, sync.state, sync.ready, sync.arrived, trace_ptr, BLOCK_K=cfg.BLOCK_K, USE_TMA=use_tma,
-            **common, **world, **launch)
-    elif pattern == "workgroup_specialized":
-        kernels.workgroup_specialized_kernel[(gemm_programs + comm,)](
-            *gemm_args, gemm_programs, sync.state, sync.ready, sync.arrived, flags, trace_ptr, BLOCK_K=cfg.BLOCK_K,
-            USE_TMA=use_tma, **common, **world, **launch)
-    else:  # producer_consumer
-        side = sync.side_stream
-        if side is not None:
-            # The scatter stream waits for what came before this call, not for the GEMM launched
-            # next: the two kernels then run side by side (the simulator runs them one after another).
-            side.wait_stream(torch.cuda.current_stream(ctx.device))
-        kernels.producer_kernel[(gemm_programs,)](*gemm_args, sync.state, flags, trace_ptr, BLOCK_K=cfg.BLOCK_K,
-                                                  USE_TMA=use_tma, **common, **launch)
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            kernels.scatter_kernel[(comm,)](
-                block, M, n_local, block.stride(0), sync.state, sync.ready, sync.arrived, flags, trace_ptr,
-                WAIT_FLAGS=True, **common, **world, num_warps=cfg.num_warps)
-        if side is not None:
-            torch.cuda.current_stream(ctx.device).wait_stream(side)  # (the scatter touches heap memory only)
+    if K == 0:
+        return C.zero_()
+    call.run()
     return C
-

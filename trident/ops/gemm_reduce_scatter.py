@@ -24,23 +24,27 @@ import torch
 import triton
 
 from ..ccl import reduce_scatter
-from ..ccl.api import agree_in_debug, input_stage
-from ..ccl.workspace import workspace
-from . import grs_kernels as kernels
-from .common import auto_pattern, check_operands, check_pattern, comm_span, reduce_scatter_into, split_roles, sync_state
-from .matmul import MatmulConfig, launch_matmul, num_programs, operands, pick_config, sm_count
-
-PATTERNS = ("bulk_synchronous", "fused_sequential", "workgroup_specialized", "baseline", "auto")
+from ..ccl.api import input_stage
+from ..runtime.resources import GrowingBuffer
+from . import gemm_reduce_scatter_kernels as kernels
+from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, comm_span, prepare_call, split_roles
+from .matmul import MatmulConfig, launch_matmul, num_programs, operands
+from .torch_baselines import reduce_scatter_into
 
 #: ``auto``'s measured choices, as :data:`trident.ops.AUTO_TABLE` (docs/tensor-parallel-ops.md).
 #: Empty until several-GPU runs are recorded: ``auto`` runs ``baseline``.
 AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {}
+#: Reducer programs of ``workgroup_specialized`` on a GPU, when not given.
+GPU_COMM_PROGRAMS = 16
+#: Elements one program of :func:`~trident.ops.gemm_reduce_scatter_kernels.reduce_slots_kernel` sums at a time.
+REDUCE_BLOCK = 1024
 
 
-def _check(ctx, A, B, C, pattern, config, comm_programs) -> None:
+def _check_gemm_reduce_scatter_args(ctx, A, B, C, pattern, config, comm_programs) -> None:
+    """Every argument problem, raised before anything runs (the message names the rank)."""
     where = f"rank {ctx.rank}: gemm_reduce_scatter"
-    check_pattern(ctx, where, pattern, PATTERNS, comm_programs)
-    check_operands(ctx, where, config, A=A, B=B, C=C)
+    check_pattern(ctx, where, pattern, GEMM_REDUCE_SCATTER, comm_programs)
+    check_fused_operands(ctx, where, config, A=A, B=B, C=C)
     if A.shape[1] != B.shape[0]:
         raise ValueError(f"{where}: K mismatch: A is {tuple(A.shape)} (M x K_local) but B is {tuple(B.shape)} "
                          f"(K_local x N)")
@@ -50,7 +54,94 @@ def _check(ctx, A, B, C, pattern, config, comm_programs) -> None:
     want = (A.shape[0] // w, B.shape[1])
     if tuple(C.shape) != want:
         raise ValueError(f"{where}: C is {tuple(C.shape)}; expected (M / world_size, N) = {want}")
-    agree_in_debug(ctx, "gemm_reduce_scatter", tuple(A.shape), tuple(B.shape), A.dtype, pattern)
+    ctx.agree_in_debug("gemm_reduce_scatter", tuple(A.shape), tuple(B.shape), A.dtype, pattern)
+
+
+def _slots(call: FusedCall) -> torch.Tensor:
+    """W slots of ``m x N`` (one ``M x N`` heap buffer, kept and grown per context): rank s stores
+    its partial of my rows into my ``slots[s]``."""
+    M, N = call.A.shape[0], call.B.shape[1]
+    buffer = call.ctx.resource("ops.gemm_reduce_scatter.slots", lambda: GrowingBuffer(call.ctx))
+    return buffer.view(M * N, call.A.dtype).view(M, N)
+
+
+def _bulk_synchronous(call: FusedCall) -> None:
+    """The matmul into the collectives' input buffer, then ``trident.ccl.reduce_scatter``."""
+    A, B, ctx = call.A, call.B, call.ctx
+    M, K = A.shape
+    N = B.shape[1]
+    # The partial product goes straight into the collectives' input buffer: no second copy on the heap.
+    partial = input_stage(ctx, M * N, A.dtype).view(M, N)
+    if K:
+        launch_matmul(A, B, partial, call.cfg, call.trace_ptr, ctx.rank)
+    else:
+        partial.zero_()
+    with comm_span(call.trace):
+        reduce_scatter(ctx, call.C, partial)
+
+
+def _fused_sequential(call: FusedCall) -> None:
+    """One kernel pushes every partial tile into its owner's slot; a local kernel sums my slots."""
+    A, B, C, ctx, cfg = call.A, call.B, call.C, call.ctx, call.cfg
+    M, K = A.shape
+    N = B.shape[1]
+    m = M // ctx.world_size
+    slots = _slots(call)
+    sync = call.sync()
+    a, b, use_tma = operands(A, B, cfg) if K else (A, B, False)
+    tiles = ctx.world_size * triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
+    kernels.push_kernel[(num_programs(ctx.platform, tiles, cfg),)](
+        a, b, slots,
+        m, N, K,
+        A.stride(0), A.stride(1), B.stride(0), B.stride(1),
+        sync, call.trace_ptr,
+        ctx.rank, ctx.world_size, ctx.heap_bases,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        USE_TMA=use_tma, WORLD_BLOCK=call.world_block,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    programs = max(1, min(triton.cdiv(m * N, REDUCE_BLOCK), 4 * ctx.platform.sm_count))
+    kernels.reduce_slots_kernel[(programs,)](slots, C, m, N, ctx.world_size, BLOCK=REDUCE_BLOCK, num_warps=4)
+
+
+def _workgroup_specialized(call: FusedCall) -> None:
+    """One kernel: GEMM programs push tiles and flag them at the owner, reducer programs sum my tiles."""
+    A, B, C, ctx, cfg = call.A, call.B, call.C, call.ctx, call.cfg
+    M, K = A.shape
+    N = B.shape[1]
+    m = M // ctx.world_size
+    slots = _slots(call)
+    a, b, use_tma = operands(A, B, cfg) if K else (A, B, False)
+    per_shard = triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)  # my tiles, and each peer's of me
+    tiles = ctx.world_size * per_shard
+    sync = call.sync(flags=tiles)
+    # The reducers wait for the GEMM programs of every rank's launch.
+    gemm_programs, comm = split_roles(call, comm_work=per_shard, other_work=tiles)
+    kernels.push_reduce_kernel[(gemm_programs + comm,)](
+        a, b, slots, C,
+        m, N, K,
+        A.stride(0), A.stride(1), B.stride(0), B.stride(1),
+        gemm_programs,
+        sync, call.trace_ptr,
+        ctx.rank, ctx.world_size, ctx.heap_bases,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        USE_TMA=use_tma, WORLD_BLOCK=call.world_block,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _baseline(call: FusedCall) -> None:
+    """torch.matmul, then torch.distributed's reduce-scatter."""
+    reduce_scatter_into(call.C, torch.matmul(call.A, call.B))
+
+
+#: The op: its patterns, ``auto`` table and communication programs.
+GEMM_REDUCE_SCATTER = OpSpec(
+    name="gemm_reduce_scatter",
+    patterns={"bulk_synchronous": _bulk_synchronous, "fused_sequential": _fused_sequential,
+              "workgroup_specialized": _workgroup_specialized, "baseline": _baseline},
+    auto_table=AUTO_TABLE,
+    gpu_comm_programs=lambda world_size: GPU_COMM_PROGRAMS)
+#: Every value of ``pattern``.
+PATTERNS = GEMM_REDUCE_SCATTER.pattern_names
 
 
 def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, pattern: str = "auto",
@@ -65,8 +156,8 @@ def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, 
         C: ``M / world_size x N`` result, on the device (need not be symmetric).
         pattern: one of :data:`PATTERNS` (see the module docstring); the same on every rank.
         config: a :class:`MatmulConfig` for the GEMM tiles (None: the table's).
-        comm_programs: reducer programs in ``workgroup_specialized`` (None: 16 on a GPU, 2 in the
-            simulator).
+        comm_programs: reducer programs in ``workgroup_specialized`` (None: :data:`GPU_COMM_PROGRAMS`
+            on a GPU, 2 in the simulator).
         trace: a ``trident.trace.Trace`` to record per-tile events, or None (``bulk_synchronous``
             records its reduce-scatter as one event, ``baseline`` nothing).
 
@@ -79,51 +170,13 @@ def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, 
         C = torch.empty(M // ctx.world_size, N, dtype=torch.bfloat16, device=ctx.device)
         trident.ops.gemm_reduce_scatter(ctx, hidden_shard, W_down_shard, C)
     """
-    _check(ctx, A, B, C, pattern, config, comm_programs)
+    _check_gemm_reduce_scatter_args(ctx, A, B, C, pattern, config, comm_programs)
     M, K = A.shape
     N = B.shape[1]
     m = M // ctx.world_size
-    if pattern == "auto":
-        pattern = auto_pattern(ctx, AUTO_TABLE, M * N * K, shared="fused_sequential")
+    call = prepare_call(ctx, GEMM_REDUCE_SCATTER, pattern, A, B, C, gemm=(M, N, K), size=M * N * K,
+                        config=config, comm_programs=comm_programs, trace=trace)
     if m == 0 or N == 0:
         return C
-    if pattern == "baseline":
-        reduce_scatter_into(C, torch.matmul(A, B))
-        return C
-    cfg = config or pick_config(M, N, K, A.dtype, ctx.backend, sm_count(ctx.device))
-    if pattern == "bulk_synchronous":
-        # The partial product goes straight into the collectives' input buffer: no second copy on the heap.
-        partial = input_stage(ctx, M * N, A.dtype).view(M, N)
-        if K:
-            launch_matmul(A, B, partial, cfg, None if trace is None else trace.ptr, ctx.rank)
-        else:
-            partial.zero_()
-        with comm_span(trace):
-            reduce_scatter(ctx, C, partial)
-        return C
-    # W slots of m x N: rank s stores its partial of my rows into my slots[s].
-    slots = workspace(ctx).buffer("gemm_reduce_scatter.slots", M * N, A.dtype).view(M, N)
-    sync = sync_state(ctx)
-    trace_ptr = sync.trace_ptr(trace)
-    a, b, use_tma = operands(A, B, cfg) if K else (A, B, False)
-    common = dict(rank=ctx.rank, world_size=ctx.world_size, heap_bases=ctx.heap_bases, BLOCK_M=cfg.BLOCK_M,
-                  BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, USE_TMA=use_tma,
-                  WORLD_BLOCK=triton.next_power_of_2(ctx.world_size), TRACE=trace is not None,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    gemm_args = (a, b, slots, m, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1))
-    per_shard = triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)  # my tiles, and each peer's of me
-    tiles = ctx.world_size * per_shard
-    if pattern == "fused_sequential":
-        sms = sm_count(ctx.device)
-        kernels.push_kernel[(num_programs(ctx.device, tiles, cfg),)](
-            *gemm_args, sync.state, sync.ready, sync.arrived, trace_ptr, **common)
-        block = 1024
-        kernels.reduce_slots_kernel[(max(1, min(triton.cdiv(m * N, block), 4 * sms)),)](
-            slots, C, m, N, ctx.world_size, BLOCK=block, num_warps=4)
-        return C
-    # workgroup_specialized: the reducers wait for the GEMM programs of every rank's launch.
-    flags = sync.tile_flags(tiles)
-    gemm_programs, comm = split_roles(ctx, cfg, comm_programs, comm_work=per_shard, other_work=tiles)
-    kernels.push_reduce_kernel[(gemm_programs + comm,)](
-        *gemm_args, C, gemm_programs, sync.state, sync.ready, sync.arrived, flags, trace_ptr, **common)
+    call.run()  # K == 0 too: every pattern sums zero partials (the collective still runs on every rank)
     return C

@@ -18,20 +18,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import config
-
-# Triton's interpreter (3.6 and 3.9) multiplies bf16 blocks wrongly in tl.dot (it reads the raw
-# bits): in the simulator bf16 operands are widened to fp32 first, which gives the same result.
-_SIM = tl.constexpr(config.BACKEND == "sim")
-
-
-@triton.jit
-def _dot(x, y, acc):
-    if _SIM and x.dtype == tl.bfloat16:
-        x = x.to(tl.float32)
-        y = y.to(tl.float32)
-    return tl.dot(x, y, acc)
-
 
 @triton.jit
 def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
@@ -56,7 +42,10 @@ def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+def tile_dot(a, b,
+             pid_m, pid_n,
+             M, N, K,
+             stride_am, stride_ak, stride_bk, stride_bn,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr):
     """One output tile of ``A @ B`` as an fp32 accumulator of shape ``(BLOCK_M, BLOCK_N)``.
 
@@ -77,7 +66,11 @@ def tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, strid
 
 
 @triton.jit
-def tile_dot_range(a, b, off_m, off_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, k_first, k_last,
+def tile_dot_range(a, b,
+                   off_m, off_n,
+                   M, N, K,
+                   stride_am, stride_ak, stride_bk, stride_bn,
+                   k_first, k_last,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr):
     """The ``BLOCK_M x BLOCK_N`` block of ``A @ B`` whose first row and column are ``off_m, off_n``
     (any offsets, not only multiples of the block), over the K blocks ``k_first .. k_last - 1``
@@ -92,7 +85,7 @@ def tile_dot_range(a, b, off_m, off_n, M, N, K, stride_am, stride_ak, stride_bk,
         for ki in range(k_first, k_last):
             x = a.load([off_m, ki * BLOCK_K])
             y = b.load([ki * BLOCK_K, off_n])
-            acc = _dot(x, y, acc)
+            acc = tl.dot(x, y, acc)
     else:
         # Rows and columns past the edge wrap around (% M, % N): the loads stay in bounds without
         # masks, and the store masks those lanes out. Only the K edge needs masking (zeros).
@@ -105,7 +98,7 @@ def tile_dot_range(a, b, off_m, off_n, M, N, K, stride_am, stride_ak, stride_bk,
             k_left = K - ki * BLOCK_K
             x = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
             y = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-            acc = _dot(x, y, acc)
+            acc = tl.dot(x, y, acc)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
     return acc

@@ -13,12 +13,13 @@ rank r's rows into rank r's ``slots[s]``; rank r sums its W slots in fp32.
   (after the handshake of :func:`~trident.ops.call_sync.finish_call`, every peer's partials
   have landed when the first kernel ends).
 * :func:`push_reduce_kernel` (``workgroup_specialized``): GEMM programs push tiles as in
-  ``push_kernel`` and release a flag at the owner per tile (``flags[s * T + tile] = epoch``);
+  ``push_kernel`` and release a flag at the owner per tile (``FLAGS[s * T + tile] = epoch`` in
+  the owner's sync block);
   reducer programs (higher ids) acquire the W flags of each of their tiles and sum it while
   the GEMM goes on.
 
 Every rank starts with the next rank's shard and ends with its own, so at any time the ranks
-write to different peers.
+write to different peers. A ``trace_ptr`` of None turns tracing off.
 """
 
 from __future__ import annotations
@@ -28,17 +29,21 @@ import triton.language as tl
 
 from .. import trace
 from ..device import signal, store, wait
-from .call_sync import enter_call, finish_call, wait_peers_ready
+from .call_sync import enter_call, finish_call, flag_words, wait_peers_ready
 from .tiles import shard_tile, tile_coords, tile_dot_range, tile_offsets
 
 
 @triton.jit
-def push_tiles(first, step, a, b, slots, m, N, K, stride_am, stride_ak, stride_bk, stride_bn, flags_ptr, epoch,
-               trace_ptr, rank, world_size, heap_bases, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, SIGNAL: tl.constexpr,
-               TRACE: tl.constexpr):
+def push_tiles(first, step,
+               a, b, slots,
+               m, N, K,
+               stride_am, stride_ak, stride_bk, stride_bn,
+               flags_ptr, epoch, trace_ptr, rank, world_size, heap_bases,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+               USE_TMA: tl.constexpr):
     """Tiles ``first, first + step, ...`` of my partial product, each stored into its owner's
-    ``slots[rank]``; with ``SIGNAL`` also release the tile's flag at the owner."""
+    ``slots[rank]``; with a ``flags_ptr`` (not None) also release the tile's flag at the owner."""
+    TRACE: tl.constexpr = trace_ptr is not None
     per_shard = tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(first, world_size * per_shard, step):
         t0 = trace.now_if(TRACE)
@@ -51,7 +56,7 @@ def push_tiles(first, step, a, b, slots, m, N, K, stride_am, stride_ak, stride_b
         offs, mask = tile_offsets(pid_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)
         mine = slots + tl.cast(rank, tl.int64) * m * N  # my slot, at the same offset in every rank's heap
         store(mine + offs, acc.to(slots.dtype.element_ty), rank, owner, heap_bases, mask=mask)
-        if SIGNAL:
+        if flags_ptr is not None:
             signal(flags_ptr + rank * per_shard + tile % per_shard, epoch, rank, owner, heap_bases)
         trace.record(trace_ptr, trace.COMM, tile, owner, t0, rank, TRACE)
 
@@ -66,17 +71,24 @@ def sum_slots(slots, c, offs, mask, m, N, world_size):
 
 
 @triton.jit
-def push_kernel(a, b, slots, m, N, K, stride_am, stride_ak, stride_bk, stride_bn, state_ptr, ready_ptr,
-                arrived_ptr, trace_ptr, rank, world_size, heap_bases, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr,
-                TRACE: tl.constexpr = False):
+def push_kernel(
+        a, b, slots,                                    # A, B (descriptors or pointers), the slots (symmetric)
+        m, N, K,                                        # m: rows per rank; K: this rank's shard
+        stride_am, stride_ak, stride_bk, stride_bn,
+        sync_ptr, trace_ptr,                            # the sync block; the trace buffer or None
+        rank, world_size, heap_bases,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """fused_sequential: every tile of my partial product goes straight into its owner's slot."""
-    epoch = enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
-    wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
-    push_tiles(tl.program_id(0), tl.num_programs(0), a, b, slots, m, N, K, stride_am, stride_ak, stride_bk,
-               stride_bn, state_ptr, epoch, trace_ptr, rank, world_size, heap_bases, BLOCK_M, BLOCK_N, BLOCK_K,
-               GROUP_M, USE_TMA, False, TRACE)
-    finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
+    push_tiles(tl.program_id(0), tl.num_programs(0),
+               a, b, slots,
+               m, N, K,
+               stride_am, stride_ak, stride_bk, stride_bn,
+               None, epoch, trace_ptr, rank, world_size, heap_bases,  # no flags: reduce_slots_kernel runs after
+               BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
+    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
 @triton.jit
@@ -88,26 +100,36 @@ def reduce_slots_kernel(slots, c, m, N, world_size, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def push_reduce_kernel(a, b, slots, m, N, K, stride_am, stride_ak, stride_bk, stride_bn, c, gemm_programs,
-                       state_ptr, ready_ptr, arrived_ptr, flags_ptr, trace_ptr, rank, world_size, heap_bases,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                       USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr, TRACE: tl.constexpr = False):
+def push_reduce_kernel(
+        a, b, slots, c,                                 # A, B (descriptors or pointers), the slots, my rows of C
+        m, N, K,                                        # m: rows per rank; K: this rank's shard
+        stride_am, stride_ak, stride_bk, stride_bn,
+        gemm_programs,                                  # programs 0 .. gemm_programs-1 push, the rest reduce
+        sync_ptr, trace_ptr,                            # the sync block (its flags); the trace buffer or None
+        rank, world_size, heap_bases,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """workgroup_specialized: programs ``0 .. gemm_programs-1`` push tiles and flag them at the
     owner; the rest reduce each of my tiles once all W ranks have flagged it."""
+    TRACE: tl.constexpr = trace_ptr is not None
     pid = tl.program_id(0)
-    epoch = enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    flags = flag_words(sync_ptr, world_size)
     if pid < gemm_programs:
-        wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
-        push_tiles(pid, gemm_programs, a, b, slots, m, N, K, stride_am, stride_ak, stride_bk, stride_bn, flags_ptr,
-                   epoch, trace_ptr, rank, world_size, heap_bases, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA,
-                   True, TRACE)
+        wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
+        push_tiles(pid, gemm_programs,
+                   a, b, slots,
+                   m, N, K,
+                   stride_am, stride_ak, stride_bk, stride_bn,
+                   flags, epoch, trace_ptr, rank, world_size, heap_bases,
+                   BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
     else:
         num_pid_m = tl.cdiv(m, BLOCK_M)
         num_pid_n = tl.cdiv(N, BLOCK_N)
         sources = tl.arange(0, WORLD_BLOCK)
         for tile in tl.range(pid - gemm_programs, num_pid_m * num_pid_n, tl.num_programs(0) - gemm_programs):
             t0 = trace.now_if(TRACE)
-            wait(flags_ptr + sources * (num_pid_m * num_pid_n) + tile, epoch, rank, rank, heap_bases, cmp="ge",
+            wait(flags + sources * (num_pid_m * num_pid_n) + tile, epoch, rank, rank, heap_bases, cmp="ge",
                  mask=sources < world_size)
             trace.record(trace_ptr, trace.WAIT, tile, rank, t0, rank, TRACE)
             t0 = trace.now_if(TRACE)
@@ -115,4 +137,4 @@ def push_reduce_kernel(a, b, slots, m, N, K, stride_am, stride_ak, stride_bk, st
             offs, mask = tile_offsets(pid_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)
             sum_slots(slots, c, offs, mask, m, N, world_size)
             trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
-    finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)

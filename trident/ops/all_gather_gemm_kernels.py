@@ -12,8 +12,9 @@ rank walks the shards starting with its own, whose rows need no communication.
   from their owners into a local ``a_full`` (each once) and release one flag per block; the
   others run the GEMM on ``a_full``, acquiring a block's flag before its first tile.
 
-Both use the call handshake of :mod:`trident.ops.call_sync`: peers' ``A_local`` is read only
-after they entered the call, and the kernel ends only after every peer is done reading ours.
+Both use the call handshake of :mod:`trident.ops.call_sync` (one sync block, ``sync_ptr``):
+peers' ``A_local`` is read only after they entered the call, and the kernel ends only after every
+peer is done reading ours. A ``trace_ptr`` of None turns tracing off.
 """
 
 from __future__ import annotations
@@ -23,18 +24,23 @@ import triton.language as tl
 
 from .. import trace
 from ..device import signal, translate, wait
-from .call_sync import enter_call, finish_call, wait_peers_ready
+from .call_sync import enter_call, finish_call, flag_words, wait_peers_ready
 from .tiles import shard_tile, tile_dot, tile_offsets
 
 
 @triton.jit
-def pull_kernel(a_local, b, c, m, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
-                state_ptr, ready_ptr, arrived_ptr, trace_ptr, rank, world_size, heap_bases,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                WORLD_BLOCK: tl.constexpr, TRACE: tl.constexpr = False):
+def pull_kernel(
+        a_local, b, c,                                  # my rows of A (symmetric), B, C (every rank's rows)
+        m, N, K,                                        # m: rows per rank
+        stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+        sync_ptr, trace_ptr,                            # the sync block; the trace buffer or None
+        rank, world_size, heap_bases,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        WORLD_BLOCK: tl.constexpr):
     """fused_sequential: one persistent kernel; each tile multiplies rows of A read from their owner."""
-    epoch = enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
-    wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
+    TRACE: tl.constexpr = trace_ptr is not None
+    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
     tiles = world_size * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
         t0 = trace.now_if(TRACE)
@@ -45,7 +51,7 @@ def pull_kernel(a_local, b, c, m, N, K, stride_am, stride_ak, stride_bk, stride_
         offs, mask = tile_offsets(pid_m, pid_n, m, N, stride_cm, 1, BLOCK_M, BLOCK_N)
         tl.store(c + tl.cast(src, tl.int64) * m * stride_cm + offs, acc.to(c.dtype.element_ty), mask=mask)
         trace.record(trace_ptr, trace.COMPUTE, tile, src, t0, rank, TRACE)
-    finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
 @triton.jit
@@ -63,18 +69,25 @@ def copy_rows(src_ptr, dst_ptr, row0, rows, K, stride_src, stride_dst, rank, pee
 
 
 @triton.jit
-def gather_gemm_kernel(a_local, a_full, b, c, m, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
-                       gather_programs, state_ptr, ready_ptr, arrived_ptr, flags_ptr, trace_ptr, rank, world_size,
-                       heap_bases, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       GROUP_M: tl.constexpr, WORLD_BLOCK: tl.constexpr, TRACE: tl.constexpr = False):
+def gather_gemm_kernel(
+        a_local, a_full, b, c,                          # my rows of A (symmetric), all rows (W*m x K), B, C
+        m, N, K,                                        # m: rows per rank
+        stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+        gather_programs,                                # programs 0 .. gather_programs-1 gather, the rest multiply
+        sync_ptr, trace_ptr,                            # the sync block (its flags); the trace buffer or None
+        rank, world_size, heap_bases,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        WORLD_BLOCK: tl.constexpr):
     """workgroup_specialized: programs ``0 .. gather_programs-1`` gather A's row blocks into
-    ``a_full`` (``W*m x K``, row stride K) and release ``flags[block]``; the rest (higher ids, so
+    ``a_full`` (``W*m x K``, row stride K) and release ``FLAGS[block]``; the rest (higher ids, so
     the simulator runs them after the gather) acquire each block's flag and multiply."""
+    TRACE: tl.constexpr = trace_ptr is not None
     pid = tl.program_id(0)
-    epoch = enter_call(state_ptr, ready_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    flags = flag_words(sync_ptr, world_size)
     blocks = tl.cdiv(m, BLOCK_M)  # row blocks per source rank
     if pid < gather_programs:
-        wait_peers_ready(ready_ptr, epoch, rank, world_size, heap_bases)
+        wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
         for i in tl.range(pid, world_size * blocks, gather_programs):
             t0 = trace.now_if(TRACE)
             src = (rank + i // blocks) % world_size  # my own rows first, in the GEMM's order
@@ -82,14 +95,14 @@ def gather_gemm_kernel(a_local, a_full, b, c, m, N, K, stride_am, stride_ak, str
             shard = a_full + tl.cast(src, tl.int64) * m * K
             copy_rows(a_local, shard, (i % blocks) * BLOCK_M, m, K, stride_am, K, rank, src, heap_bases,
                       BLOCK_M, BLOCK_K)
-            signal(flags_ptr + block, epoch, rank, rank, heap_bases, scope="gpu")  # read on this GPU only
+            signal(flags + block, epoch, rank, rank, heap_bases, scope="gpu")  # read on this GPU only
             trace.record(trace_ptr, trace.COMM, block, src, t0, rank, TRACE)
     else:
         tiles = world_size * blocks * tl.cdiv(N, BLOCK_N)
         for tile in tl.range(pid - gather_programs, tiles, tl.num_programs(0) - gather_programs):
             src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
             t0 = trace.now_if(TRACE)
-            wait(flags_ptr + src * blocks + pid_m, epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
+            wait(flags + src * blocks + pid_m, epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
             trace.record(trace_ptr, trace.WAIT, tile, src, t0, rank, TRACE)
             t0 = trace.now_if(TRACE)
             # a_full was written by this kernel with ordinary stores: read it with ordinary loads
@@ -100,4 +113,4 @@ def gather_gemm_kernel(a_local, a_full, b, c, m, N, K, stride_am, stride_ak, str
             offs, mask = tile_offsets(pid_m, pid_n, m, N, stride_cm, 1, BLOCK_M, BLOCK_N)
             tl.store(c + tl.cast(src, tl.int64) * m * stride_cm + offs, acc.to(c.dtype.element_ty), mask=mask)
             trace.record(trace_ptr, trace.COMPUTE, tile, src, t0, rank, TRACE)
-    finish_call(state_ptr, arrived_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)

@@ -1,0 +1,237 @@
+"""The machinery the three fused GEMM + communication ops share.
+
+An op call goes through three steps, each op supplying only what is its own:
+
+1. validate: the op's own argument check (built from :func:`check_fused_operands` and
+   :func:`check_pattern`), raised before anything runs, with the rank in the message;
+2. prepare: :func:`prepare_call` resolves ``auto``, picks the tile config and the number of
+   communication programs, and returns a :class:`FusedCall` record;
+3. run: :meth:`FusedCall.run` calls the pattern's function from the op's :class:`OpSpec`.
+
+Every op declares one :class:`OpSpec`: its name, its patterns table, its measured ``auto`` table
+and its GPU default for communication programs.
+
+Example::
+
+    _check_my_op_args(ctx, A, B, C, pattern, config, comm_programs)
+    call = prepare_call(ctx, MY_OP, pattern, A, B, C, gemm=(M, N, K), size=M * N * K, config=config,
+                        comm_programs=comm_programs, trace=trace)
+    call.run()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+
+import torch
+import triton
+
+from ..errors import NotSymmetricError
+from .call_sync import sync_block
+from .matmul import MatmulConfig, check_matrices, pick_config
+
+#: ``auto``'s table: (GPU name part, world size) -> [(minimum M*N*K, pattern), ...], largest first.
+AutoTable = dict[tuple[str, int], list[tuple[int, str]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """What makes one fused op: its name, patterns, ``auto`` table and communication programs.
+
+    Attributes:
+        name: the op's name (``trident.ops.OPS[name]``).
+        patterns: pattern name -> function running a prepared :class:`FusedCall` (``baseline``
+            included; ``auto`` is not a pattern but a choice among them).
+        auto_table: measured choices of ``auto`` (:func:`table_choice`); empty: ``baseline``.
+        gpu_comm_programs: world size -> programs that communicate on a GPU when the caller
+            gives none (the simulator always takes ``trident.platform.SIM_COMM_PROGRAMS``).
+        shared_gpu_pattern: what ``auto`` runs when ranks share a GPU (NCCL cannot run there).
+    """
+
+    name: str
+    patterns: dict[str, Callable[[FusedCall], None]]
+    auto_table: AutoTable
+    gpu_comm_programs: Callable[[int], int]
+    shared_gpu_pattern: str = "fused_sequential"
+
+    @property
+    def pattern_names(self) -> tuple[str, ...]:
+        """Every value the op's ``pattern`` argument takes: the patterns, then ``auto``."""
+        return (*self.patterns, "auto")
+
+    def comm_programs(self, platform) -> int:
+        """Communication programs when the caller gives none, on ``platform``.
+
+        Example::
+
+            OPS["all_gather_gemm"].comm_programs(ctx.platform)   # 16 on an H200, 2 in the simulator
+        """
+        return platform.comm_programs(self.gpu_comm_programs(platform.world_size))
+
+    def choose(self, platform, size: int) -> str:
+        """What ``auto`` runs for a product of ``size`` = M*N*K on ``platform``.
+
+        :attr:`shared_gpu_pattern` when ranks share a GPU (a correctness setting: NCCL cannot
+        run), else the table's choice where NCCL runs, else ``baseline``.
+
+        Example::
+
+            OPS["gemm_all_scatter"].choose(ctx.platform, 8192 * 4608 * 36864)   # 'baseline' until measured
+        """
+        if platform.ranks_share_gpus:
+            return self.shared_gpu_pattern
+        if not platform.nccl_usable:
+            return "baseline"
+        return table_choice(self.auto_table, platform.gpu_name, platform.world_size, size)
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedCall:
+    """One prepared call of a fused op: everything its pattern function needs.
+
+    ``A``, ``B`` and ``C`` are the op's operands in its argument order (their meaning is the op's);
+    ``cfg`` the GEMM's tile config, the same on every rank; ``comm_programs`` the programs that
+    communicate where the pattern splits roles; ``trace`` a ``trident.trace.Trace`` or None.
+    """
+
+    ctx: object
+    spec: OpSpec
+    pattern: str
+    A: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+    cfg: MatmulConfig
+    comm_programs: int
+    trace: object = None
+
+    @property
+    def trace_ptr(self) -> torch.Tensor | None:
+        """What a kernel's ``trace_ptr`` gets: the trace buffer, or None (tracing off)."""
+        return None if self.trace is None else self.trace.ptr
+
+    @property
+    def world_block(self) -> int:
+        """The world size rounded up to a power of two (a kernel's ``WORLD_BLOCK``)."""
+        return triton.next_power_of_2(self.ctx.world_size)
+
+    def sync(self, flags: int = 0) -> torch.Tensor:
+        """The context's sync block with room for ``flags`` tile flags (collective, see
+        :func:`~trident.ops.call_sync.sync_block`)."""
+        return sync_block(self.ctx, flags)
+
+    def run(self) -> None:
+        """Run the pattern (its function from the op's table)."""
+        self.spec.patterns[self.pattern](self)
+
+
+def prepare_call(ctx, spec: OpSpec, pattern: str, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, *,
+                 gemm: tuple[int, int, int], size: int, config: MatmulConfig | None, comm_programs: int | None,
+                 trace) -> FusedCall:
+    """A :class:`FusedCall` with ``auto`` resolved and every default filled in.
+
+    Args:
+        ctx, spec, pattern: the context, the op, and the pattern asked for (``auto`` included).
+        A, B, C: the op's operands (already checked).
+        gemm: ``(M, N, K)`` of the GEMM this rank runs, which the tile config is picked for.
+        size: the M*N*K that ``auto`` looks up (:meth:`OpSpec.choose`).
+        config, comm_programs, trace: the caller's, None for the defaults.
+
+    Returns:
+        The call record; :meth:`FusedCall.run` runs it.
+
+    Example::
+
+        call = prepare_call(ctx, GEMM_ALL_SCATTER, "auto", A, B_local, C, gemm=(M, n_local, K),
+                            size=M * N * K, config=None, comm_programs=None, trace=None)
+    """
+    if pattern == "auto":
+        pattern = spec.choose(ctx.platform, size)
+    return FusedCall(ctx, spec, pattern, A, B, C, cfg=config or pick_config(*gemm, A.dtype, ctx.platform),
+                     comm_programs=comm_programs or spec.comm_programs(ctx.platform), trace=trace)
+
+
+def split_roles(call: FusedCall, comm_work: int, other_work: int) -> tuple[int, int]:
+    """``(other, comm)``: how many programs of a ``workgroup_specialized`` launch do the GEMM side
+    and the communication side. One side waits for the other in the same launch, so on a GPU all
+    programs must be resident at once: at most one per SM in all, and at least one of each.
+
+    Example::
+
+        gemm_programs, comm = split_roles(call, comm_work=blocks, other_work=tiles)
+    """
+    platform = call.ctx.platform
+    programs = call.cfg.programs or platform.program_limit
+    if not platform.simulator:  # the simulator runs programs one after another: any number is resident
+        programs = min(programs, platform.program_limit)
+    comm = max(1, min(call.comm_programs, comm_work, programs - 1))
+    return max(1, min(other_work, programs - comm)), comm
+
+
+def table_choice(table: AutoTable, gpu_name: str, world_size: int, mnk: int) -> str:
+    """The pattern a measured ``table`` gives a GPU model, world size and M*N*K; else ``baseline``.
+
+    ``table`` maps (GPU name part, world size) to [(minimum M*N*K, pattern), ...], largest first.
+
+    Example::
+
+        table_choice({("H200", 8): [(1 << 36, "fused_sequential")]}, "NVIDIA H200", 8, 8192 * 4608 * 36864)
+    """
+    for (gpu, world), rules in table.items():
+        if world == world_size and gpu in gpu_name:
+            for threshold, pattern in rules:
+                if mnk >= threshold:
+                    return pattern
+    return "baseline"
+
+
+def check_fused_operands(ctx, where: str, config, symmetric: tuple[str, ...] = (), **tensors) -> None:
+    """Raise a clear error unless every tensor is 2-D, contiguous, on ``ctx.device``, of one
+    supported dtype, the names in ``symmetric`` lie on the heap, and ``config`` is valid.
+
+    Example::
+
+        check_fused_operands(ctx, f"rank {ctx.rank}: all_gather_gemm", None, ("A_local",), A_local=A, B=B, C=C)
+    """
+    check_matrices(where, ctx.device, True, **tensors)
+    for name in symmetric:
+        if not ctx.is_symmetric(tensors[name]):
+            raise NotSymmetricError(f"{where}: {name} must be a symmetric tensor (peers access it): allocate it "
+                                    f"with ctx.empty / ctx.zeros, or copy it with ctx.as_symmetric")
+    if config is not None:
+        if not isinstance(config, MatmulConfig):
+            raise TypeError(f"{where}: config must be a trident.ops.MatmulConfig, got {type(config).__name__}")
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+            v = getattr(config, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{where}: config.{name}={v} must be a power of two >= 16")
+
+
+def check_pattern(ctx, where: str, pattern: str, spec: OpSpec, comm_programs=None) -> None:
+    """Raise unless ``pattern`` is one of the op's and can run here (the NCCL baseline needs a GPU
+    per rank), and ``comm_programs`` is None or a positive int.
+
+    Example::
+
+        check_pattern(ctx, f"rank {ctx.rank}: gemm_all_scatter", pattern, GEMM_ALL_SCATTER, comm_programs)
+    """
+    if pattern not in spec.pattern_names:
+        raise ValueError(f"{where}: pattern={pattern!r} is not one of {spec.pattern_names}")
+    if pattern == "baseline" and ctx.platform.ranks_share_gpus:
+        raise ValueError(f"{where}: pattern='baseline' needs one GPU per rank (NCCL cannot place "
+                         f"{ctx.world_size} ranks on {ctx.platform.gpus_visible} GPU(s))")
+    if comm_programs is not None and not (isinstance(comm_programs, int) and comm_programs >= 1):
+        raise ValueError(f"{where}: comm_programs={comm_programs!r} must be a positive int")
+
+
+def comm_span(trace):
+    """``trace.span()`` (the block's device work as one communication event), or nothing when
+    ``trace`` is None: how the bulk patterns show the library collective they call.
+
+    Example::
+
+        with comm_span(call.trace):
+            trident.ccl.all_gather(ctx, a_full, A_local)
+    """
+    return contextlib.nullcontext() if trace is None else trace.span()

@@ -1,0 +1,201 @@
+"""Kernels of the GEMM + all-scatter patterns, built from a few device functions.
+
+Every rank computes its column block ``A @ B_local`` tile by tile; each tile must end up in the
+same place of every rank's ``C``. ``c`` below always points at the first element of *this
+rank's* column block of ``C`` (``C[:, rank * N_local]``), so a tile's offsets are the same in
+every rank's heap and ``trident.store(c + offs, tile, rank, peer, heap_bases)`` puts it there.
+
+Synchronization: the call-level handshake of :mod:`trident.ops.call_sync` (``enter_call``,
+``wait_peers_ready`` before the first store into a peer, ``finish_call``), all in the one sync
+block ``sync_ptr``, plus its tile flags in ``producer_consumer`` and ``workgroup_specialized``:
+the GEMM releases ``FLAGS[tile] = epoch`` after writing a tile into the local ``C``; the
+communication side acquires it, then reads the tile back and stores it into every peer's ``C``.
+The communication programs of ``workgroup_specialized`` have the higher ids, so in the simulator
+(programs one after another) nothing waits for a program not yet run.
+
+A ``trace_ptr`` of None turns tracing off (the trace calls compile to nothing).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import trace
+from ..device import signal, store, wait
+from .call_sync import call_epoch, enter_call, finish_call, flag_words, wait_peers_ready
+from .tiles import tile_coords, tile_dot, tile_offsets
+
+
+@triton.jit
+def scatter_tile(c, offs, mask, values, tile, trace_ptr, rank, world_size, heap_bases, FIRST: tl.constexpr):
+    """Store a tile into peers ``rank + FIRST, ..., rank + world_size - 1`` (mod world_size).
+
+    ``FIRST=0`` includes this rank's own ``C``; starting at the next rank spreads the traffic over
+    the links instead of every rank hitting rank 0 first.
+    """
+    TRACE: tl.constexpr = trace_ptr is not None
+    for i in range(FIRST, world_size):
+        peer = (rank + i) % world_size
+        t0 = trace.now_if(TRACE)
+        store(c + offs, values, rank, peer, heap_bases, mask=mask)
+        trace.record(trace_ptr, trace.COMM, tile, peer, t0, rank, TRACE)
+
+
+@triton.jit
+def produce_tiles(first, step,
+                  a, b, c,
+                  M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                  flags_ptr, epoch, trace_ptr, rank, heap_bases,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                  USE_TMA: tl.constexpr):
+    """GEMM tiles ``first, first + step, ...`` into the local ``C``, each tile's flag released when written."""
+    TRACE: tl.constexpr = trace_ptr is not None
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(first, num_pid_m * num_pid_n, step):
+        t0 = trace.now_if(TRACE)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+        offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
+        tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
+        signal(flags_ptr + tile, epoch, rank, rank, heap_bases, scope="gpu")  # read on this GPU only
+        trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
+
+
+#: Tile flags a consumer acquires with one ``wait``: an ordered read of 8 flags costs about what one
+#: costs, and after each wave of GEMM tiles the consumer has many finished tiles to catch up on.
+FLAG_CHUNK = tl.constexpr(8)
+
+
+@triton.jit
+def consume_tiles(first, step,
+                  c,
+                  M, N, stride_cm,
+                  sync_ptr, epoch, trace_ptr, rank, world_size, heap_bases,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, WAIT_FLAGS: tl.constexpr):
+    """Scatter tiles ``first, first + step, ...`` of the local column block into every peer's ``C``.
+
+    With ``WAIT_FLAGS`` the tiles are first acquired from the GEMM through their flags,
+    :data:`FLAG_CHUNK` tiles per ``wait`` (one wait event each when tracing).
+    """
+    TRACE: tl.constexpr = trace_ptr is not None
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    tiles = num_pid_m * num_pid_n
+    flags = flag_words(sync_ptr, world_size)
+    wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
+    for chunk in tl.range(first, tiles, step * FLAG_CHUNK):
+        if WAIT_FLAGS:
+            t0 = trace.now_if(TRACE)
+            group = chunk + tl.arange(0, FLAG_CHUNK) * step
+            wait(flags + group, epoch, rank, rank, heap_bases, cmp="ge", mask=group < tiles, scope="gpu")
+            trace.record(trace_ptr, trace.WAIT, chunk, rank, t0, rank, TRACE)
+        if world_size > 1:  # alone, there is nothing to read back and send
+            for i in range(FLAG_CHUNK):
+                tile = chunk + i * step
+                if tile < tiles:
+                    pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+                    offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
+                    values = tl.load(c + offs, mask=mask)
+                    scatter_tile(c, offs, mask, values, tile, trace_ptr, rank, world_size, heap_bases, 1)
+
+
+@triton.jit
+def fused_sequential_kernel(
+        a, b, c,                                        # A, B_local (descriptors or pointers), my block of C
+        M, N, K,                                        # N: this rank's columns
+        stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+        sync_ptr, trace_ptr,                            # the sync block; the trace buffer or None
+        rank, world_size, heap_bases,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+    """One persistent kernel: each tile is computed, then stored straight into every rank's ``C``."""
+    TRACE: tl.constexpr = trace_ptr is not None
+    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
+        t0 = trace.now_if(TRACE)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+        values = acc.to(c.dtype.element_ty)
+        trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
+        offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
+        scatter_tile(c, offs, mask, values, tile, trace_ptr, rank, world_size, heap_bases, 0)
+    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+
+
+@triton.jit
+def workgroup_specialized_kernel(
+        a, b, c,                                        # A, B_local (descriptors or pointers), my block of C
+        M, N, K,                                        # N: this rank's columns
+        stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+        gemm_programs,                                  # programs 0 .. gemm_programs-1 compute, the rest scatter
+        sync_ptr, trace_ptr,                            # the sync block; the trace buffer or None
+        rank, world_size, heap_bases,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+    """One kernel, two roles: programs ``0 .. gemm_programs-1`` compute tiles and release their
+    flags; the rest (higher ids, so the simulator runs them after the GEMM) acquire and scatter."""
+    pid = tl.program_id(0)
+    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    if pid < gemm_programs:
+        produce_tiles(pid, gemm_programs,
+                      a, b, c,
+                      M, N, K,
+                      stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                      flag_words(sync_ptr, world_size), epoch, trace_ptr, rank, heap_bases,
+                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
+    else:
+        consume_tiles(pid - gemm_programs, tl.num_programs(0) - gemm_programs,
+                      c,
+                      M, N, stride_cm,
+                      sync_ptr, epoch, trace_ptr, rank, world_size, heap_bases,
+                      BLOCK_M, BLOCK_N, GROUP_M, True)
+    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+
+
+@triton.jit
+def producer_kernel(
+        a, b, c,                                        # A, B_local (descriptors or pointers), my block of C
+        M, N, K,                                        # N: this rank's columns
+        stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+        sync_ptr, trace_ptr,                            # the sync block (its flags); the trace buffer or None
+        rank, world_size, heap_bases,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        USE_TMA: tl.constexpr):
+    """producer_consumer's GEMM (one stream): tiles into the local ``C``, each flag released when written.
+
+    It reads the epoch that the scatter kernel advances only after every flag of this call is set,
+    i.e. after every program of this kernel that has tiles has started.
+    """
+    produce_tiles(tl.program_id(0), tl.num_programs(0),
+                  a, b, c,
+                  M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                  flag_words(sync_ptr, world_size), call_epoch(sync_ptr), trace_ptr, rank, heap_bases,
+                  BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
+
+
+@triton.jit
+def scatter_kernel(
+        c,                                              # my column block of C
+        M, N, stride_cm,                                # N: this rank's columns
+        sync_ptr, trace_ptr,                            # the sync block; the trace buffer or None
+        rank, world_size, heap_bases,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+        WAIT_FLAGS: tl.constexpr):
+    """The all-scatter: producer_consumer's consumer (``WAIT_FLAGS``: tile by tile as the GEMM
+    releases them, on a second stream) or bulk_synchronous's second kernel (after the whole GEMM)."""
+    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    consume_tiles(tl.program_id(0), tl.num_programs(0),
+                  c,
+                  M, N, stride_cm,
+                  sync_ptr, epoch, trace_ptr, rank, world_size, heap_bases,
+                  BLOCK_M, BLOCK_N, GROUP_M, WAIT_FLAGS)
+    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
