@@ -18,8 +18,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from trident.ccl import kernels as K
 
-COMMON = {"args_ptr": "*i64", "flags_ptr": "*i64", "counts_ptr": "*i64", "rank": "i32", "world_size": "i32",
-          "heap_bases": "*i64", "BLOCK": "constexpr", "MAX_PROGRAMS": "constexpr", "WORLD_BLOCK": "constexpr"}
+COMMON = {"sync_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64", "BLOCK": "constexpr",
+          "WORLD_BLOCK": "constexpr"}
 CASES = {
     "all_gather": (K.all_gather_kernel, {"inp_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32"}, {}),
     "reduce_scatter": (K.reduce_scatter_kernel, {"inp_ptr": "*fp16", "out_ptr": "*fp16", "m": "i32", "OP": "constexpr",
@@ -36,7 +36,7 @@ results = {}
 for name, (fn, sig, cst) in CASES.items():
     for ones in (False, True):
         signature = {**sig, **COMMON}
-        constexprs = {"BLOCK": 1024, "MAX_PROGRAMS": 256, "WORLD_BLOCK": 8, **cst}
+        constexprs = {"BLOCK": 1024, "WORLD_BLOCK": 8, **cst}
         if ones:  # what Triton does when these arguments are 1
             for arg in ("rank", "world_size", "n", "m", "chunk", "inner", "src"):
                 if arg in signature:

@@ -7,7 +7,8 @@ import types
 import pytest
 import torch
 
-from trident.bench import topology
+import trident
+from trident import topology
 from trident.cli import main
 
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only machine prints")
@@ -36,9 +37,10 @@ def test_missing_pynvml_is_reported(monkeypatch):
     assert topology.driver_version() is None
     monkeypatch.setattr(topology, "gpu_rows", lambda: [{"index": 0, "name": "Fake GPU", "sms": 132,
                                                          "memory_mib": 1, "capability": "9.0"}])
-    summary = topology.system_info()["summary"]
+    summary = topology.system_info(1 << 30, trident.__version__)["summary"]
     assert "not installed" in summary["nvml"] and "not installed" in summary["driver"]
     assert summary["gpus"].startswith("1 x Fake GPU, 132 SMs")
+    assert summary["heap size default"].startswith("1024 MiB") and summary["trident"] == trident.__version__
 
 
 def _fake_nvml():

@@ -1,6 +1,7 @@
 """Tracing: kernels record events into a heap buffer on 2 ranks; the exports have the right structure."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -113,6 +114,54 @@ def test_span_records_the_work_inside_it_as_one_event(pool2):
         assert outer.t_end <= after.t_start <= after.t_end
 
 
+def _nested_span_body(ctx):
+    trace = tt.Trace(ctx, capacity=32)
+    x = ctx.arange(64, dtype=torch.float32)
+    y = ctx.zeros(64, dtype=torch.float32)
+    ctx.barrier()
+    args = (x, y, trace.ptr, 64, ctx.rank, ctx.world_size, ctx.heap_bases)
+    with trace.span(tt.COMM, tile=100):
+        traced_kernel[(4,)](*args, BLOCK=16, TRACE=True)  # tiles 0..3: inside the outer span only
+        with trace.span(tt.COMPUTE, tile=101):
+            y.mul_(2)
+        with trace.span(tt.WAIT, tile=102):  # a second inner span reuses the inner level
+            y.add_(1)
+    refused = None
+    try:
+        with trace.span(tile=200):  # the block raises: no event, and the level is free again
+            raise RuntimeError("inside a span")
+    except RuntimeError:
+        pass
+    spans = [trace.span(tile=300 + level) for level in range(tt.MAX_SPAN_DEPTH + 1)]
+    for level, span in enumerate(spans):
+        try:
+            span.__enter__()
+        except ValueError as exc:
+            refused = (level, str(exc))
+            break
+    for span in reversed(spans[:refused[0]]):
+        span.__exit__(None, None, None)
+    ctx.barrier()
+    return [tuple(e) for e in trace.events()], refused
+
+
+def test_spans_nest(pool2):
+    for rank, (events, refused) in enumerate(pool2.run(_nested_span_body)):
+        events = [tt.Event(*e) for e in events]
+        by_tile = {e.tile: e for e in events if e.tile >= 100}
+        outer, first, second = by_tile[100], by_tile[101], by_tile[102]
+        kernel = [e for e in events if e.tile < 4]
+        assert len(kernel) == 8 and 200 not in by_tile
+        assert (outer.kind, first.kind, second.kind) == (tt.COMM, tt.COMPUTE, tt.WAIT)
+        # The outer span starts before the work queued first inside it, not when an inner span starts.
+        assert all(outer.t_start <= e.t_start for e in kernel)
+        assert max(e.t_end for e in kernel) <= first.t_start <= first.t_end <= second.t_start <= second.t_end
+        assert second.t_end <= outer.t_end
+        depth = tt.MAX_SPAN_DEPTH
+        assert refused[0] == depth and f"at most {depth} deep" in refused[1]
+        assert sorted(t for t in by_tile if t >= 300) == list(range(300, 300 + depth))
+
+
 def test_full_buffer_drops_and_counts_without_writing_past_it(pool2):
     results = pool2.run(_run, 4, 3, True)  # 8 events per rank, room for 3
     for res in results:
@@ -136,6 +185,13 @@ def test_plot_writes_png(tmp_path):
     path = tt.plot_timeline(events, str(tmp_path / "t.png"), title="test")
     data = open(path, "rb").read()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    with pytest.raises(ImportError, match="pip install matplotlib"):
+        tt.plot_timeline(tt.Events(), str(tmp_path / "t.png"))
+    assert not (tmp_path / "t.png").exists()
 
 
 def test_decode_ignores_unwritten_slots():

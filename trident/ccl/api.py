@@ -15,10 +15,10 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from .. import config
-from ..errors import DivergenceError, NotSymmetricError
+from ..errors import NotSymmetricError
 from . import kernels
-from .workspace import MAX_PROGRAMS, workspace
+from .kernels import MAX_PROGRAMS
+from .workspace import workspace
 
 OPS = {"sum": "sum", "max": "max", "min": "min"}
 _REDUCE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min"}
@@ -61,28 +61,9 @@ def _check(ctx, what: str, **tensors) -> None:
         raise ValueError(f"rank {ctx.rank}: {what}: tensors must share one dtype, got {listing}")
 
 
-def agree_in_debug(ctx, what: str, *facts) -> None:
-    """Debug mode (``TRIDENT_DEBUG=1``): raise :class:`DivergenceError` on every rank unless every
-    rank passed the same ``facts`` (shapes, dtypes, options, placements) to collective ``what``.
-
-    A cheap host-side exchange through the rendezvous store; nothing at all outside debug mode.
-
-    Example::
-
-        agree_in_debug(ctx, "all_gather", tuple(inp.shape), inp.dtype)
-    """
-    if config.DEBUG:
-        mine = repr((what, *facts))
-        everyone = [v.decode() for v in ctx._rendezvous.all_gather(f"{what} argument check", mine.encode())]
-        if len(set(everyone)) > 1:
-            listing = "; ".join(f"rank {r}: {v}" for r, v in enumerate(everyone))
-            raise DivergenceError(f"rank {ctx.rank}: ranks called collectives with different arguments: {listing}")
-
-
 def _program_limit(ctx) -> int:
-    """At most one program per SM (a few in the simulator, whose programs run one after another)."""
-    limit = 4 if ctx.backend == "sim" else torch.cuda.get_device_properties(ctx.device).multi_processor_count
-    return min(limit, MAX_PROGRAMS)
+    """The platform's limit (one program per SM; a few in the simulator), within the sync block's slots."""
+    return min(ctx.platform.program_limit, MAX_PROGRAMS)
 
 
 def _launch(ctx, kernel, work_items: int | None, *args, **constexprs) -> None:
@@ -95,13 +76,14 @@ def _launch(ctx, kernel, work_items: int | None, *args, **constexprs) -> None:
     block = constexprs.pop("BLOCK")
     limit = _program_limit(ctx)
     programs = limit if work_items is None else max(1, min(triton.cdiv(max(work_items, 1), block), limit))
-    kernel[(programs,)](*args, ws.args, ws.flags, ws.counts, ctx.rank, ctx.world_size, ctx.heap_bases, BLOCK=block,
-                        MAX_PROGRAMS=MAX_PROGRAMS, WORLD_BLOCK=triton.next_power_of_2(ctx.world_size),
-                        num_warps=4 if block <= 2048 else 8, **constexprs)
+    kernel[(programs,)](*args, ws.sync, ctx.rank, ctx.world_size, ctx.heap_bases, BLOCK=block,
+                        WORLD_BLOCK=triton.next_power_of_2(ctx.world_size), num_warps=4 if block <= 2048 else 8,
+                        **constexprs)
 
 
 def _block(ctx, numel: int) -> int:
-    if ctx.backend == "sim":
+    """Elements per tile: larger tiles for large tensors on a GPU; the simulator keeps one size."""
+    if ctx.platform.simulator:
         return 1024
     return 1024 if numel <= 64 * 1024 else 4096
 
@@ -153,7 +135,7 @@ def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
     if out.numel() != ctx.world_size * inp.numel():
         raise ValueError(f"rank {ctx.rank}: all_gather: out has {out.numel()} elements, expected world_size x "
                          f"inp = {ctx.world_size} x {inp.numel()} (inp shape {tuple(inp.shape)})")
-    agree_in_debug(ctx, "all_gather", tuple(inp.shape), inp.dtype)
+    ctx.agree_in_debug("all_gather", tuple(inp.shape), inp.dtype)
     source = _on_heap(ctx, inp, INPUT_STAGE, copy_in=True)
     _launch(ctx, kernels.all_gather_kernel, inp.numel(), source, out, inp.numel(), BLOCK=_block(ctx, inp.numel()))
     return out
@@ -172,7 +154,7 @@ def reduce_scatter(ctx, out: torch.Tensor, inp: torch.Tensor, op="sum") -> torch
     if inp.numel() != ctx.world_size * out.numel():
         raise ValueError(f"rank {ctx.rank}: reduce_scatter: inp has {inp.numel()} elements, expected world_size x "
                          f"out = {ctx.world_size} x {out.numel()}")
-    agree_in_debug(ctx, "reduce_scatter", tuple(inp.shape), inp.dtype, name)
+    ctx.agree_in_debug("reduce_scatter", tuple(inp.shape), inp.dtype, name)
     source = _on_heap(ctx, inp, INPUT_STAGE, copy_in=True)
     _launch(ctx, kernels.reduce_scatter_kernel, out.numel(), source, out, out.numel(), OP=name,
             ACC=_acc_dtype(inp.dtype), BLOCK=_block(ctx, out.numel()))
@@ -202,7 +184,7 @@ def all_reduce(ctx, tensor: torch.Tensor, op="sum", algorithm: str = "auto") -> 
         raise ValueError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
     if algorithm == "auto":
         algorithm = "one_shot" if tensor.numel() * tensor.element_size() <= ONE_SHOT_MAX_BYTES else "two_shot"
-    agree_in_debug(ctx, "all_reduce", tuple(tensor.shape), tensor.dtype, name, algorithm)
+    ctx.agree_in_debug("all_reduce", tuple(tensor.shape), tensor.dtype, name, algorithm)
     n = tensor.numel()
     x = _on_heap(ctx, tensor, INPUT_STAGE, copy_in=True)
     scratch = workspace(ctx).buffer("scratch", n, tensor.dtype)
@@ -228,7 +210,7 @@ def _split_table(ctx, in_splits, out_splits, rows_in: int, rows_out: int, what: 
     w = ctx.world_size
     sizes = []
     for name, splits, rows in (("in_splits", in_splits, rows_in), ("out_splits", out_splits, rows_out)):
-        on_device = isinstance(splits, torch.Tensor) and splits.device.type != "cpu"
+        on_device = isinstance(splits, torch.Tensor) and not splits.is_cpu  # where the caller keeps them
         s = splits if on_device else torch.as_tensor(splits, dtype=torch.int64)
         if s.numel() != w:
             raise ValueError(f"rank {ctx.rank}: {what}: {name} has {s.numel()} entries, expected world_size = {w}")
@@ -272,7 +254,7 @@ def _all_to_all_rows(ctx, out, source, out_splits, in_splits, what: str) -> torc
         raise ValueError(f"rank {ctx.rank}: {what}: out {tuple(out.shape)} and inp {tuple(source.shape)} must "
                          f"have at least one dimension and match beyond dim 0")
     table = _split_table(ctx, in_splits, out_splits, source.shape[0], out.shape[0], what)
-    agree_in_debug(ctx, what, tuple(source.shape[1:]), source.dtype)
+    ctx.agree_in_debug(what, tuple(source.shape[1:]), source.dtype)
     _launch(ctx, kernels.all_to_all_kernel, None, source, out, table, math.prod(source.shape[1:]),
             BLOCK=_block(ctx, out.numel()))
     return out
@@ -307,7 +289,7 @@ def broadcast(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
     _check(ctx, "broadcast", tensor=tensor)
     if not isinstance(src, int) or not 0 <= src < ctx.world_size:
         raise ValueError(f"rank {ctx.rank}: broadcast: src={src!r} is not a rank (world size {ctx.world_size})")
-    agree_in_debug(ctx, "broadcast", tuple(tensor.shape), tensor.dtype, src)
+    ctx.agree_in_debug("broadcast", tuple(tensor.shape), tensor.dtype, src)
     x = _on_heap(ctx, tensor, INPUT_STAGE, copy_in=ctx.rank == src)
     _launch(ctx, kernels.broadcast_kernel, tensor.numel(), x, tensor.numel(), src, BLOCK=_block(ctx, tensor.numel()))
     if x is not tensor:

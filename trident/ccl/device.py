@@ -3,7 +3,7 @@
 Each works on one tile (a block of pointers into the caller's heap) and takes
 ``rank, world_size, heap_bases`` like the rest of the device API. Fusing a collective into a
 compute kernel is then a loop over tiles calling these, with ``trident.sync_ranks`` around it
-(see examples/fused_allreduce_rmsnorm.py).
+(see examples/05_fused_allreduce_rmsnorm.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ from ..device import load, store
 
 @triton.jit
 def combine(a, b, OP: tl.constexpr):
-    """``a + b``, ``max(a, b)`` or ``min(a, b)`` for OP = "sum", "max", "min"."""
+    """``a + b``, ``max(a, b)`` or ``min(a, b)`` for OP = "sum", "max", "min" (a constexpr).
+
+    Example::
+
+        acc = combine(acc, theirs.to(tl.float32), "max")
+    """
     if OP == "sum":
         out = a + b
     elif OP == "max":
@@ -33,6 +38,10 @@ def shifted(ptr, shift, peer):
 
     ``shift`` (one int64 per rank) describes tensors that lie at different heap offsets on
     different ranks: ``shift[p]`` is how many elements rank p's copy lies after mine.
+
+    Example::
+
+        value = trident.load(shifted(x_ptr, shift, peer) + offs, rank, peer, heap_bases, mask=mask)
     """
     if shift is None:
         moved = ptr
@@ -42,7 +51,9 @@ def shifted(ptr, shift, peer):
 
 
 @triton.jit
-def reduce_tile(ptr, rank, world_size, heap_bases, mask, OP: tl.constexpr, ACC: tl.constexpr, shift=None):
+def reduce_tile(ptr,
+                rank, world_size, heap_bases,
+                mask, OP: tl.constexpr, ACC: tl.constexpr, shift=None):
     """Every rank's copy of the tile at ``ptr``, combined with OP in dtype ACC.
 
     Ranks start with their own copy and then read their peers in a rotated order, so that at a
@@ -62,7 +73,9 @@ def reduce_tile(ptr, rank, world_size, heap_bases, mask, OP: tl.constexpr, ACC: 
 
 
 @triton.jit
-def broadcast_tile(ptr, value, rank, world_size, heap_bases, mask):
+def broadcast_tile(ptr, value,
+                   rank, world_size, heap_bases,
+                   mask):
     """Store ``value`` into every rank's copy of the tile at ``ptr`` (this rank's included).
 
     Example::

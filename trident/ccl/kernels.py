@@ -1,8 +1,8 @@
 """The collective kernels. All follow one shape:
 
-    epoch, shift = _enter(src, ...)               # publish where my input lies, meet every rank
+    epoch, shift = _enter(src, sync_ptr, ...)     # publish where my input lies, meet every rank
     for each of my tiles: read peers, write mine  # persistent loop: tile = pid, pid + programs, ...
-    _exit(...)                                    # peers are done reading my input; counts[pid] = epoch
+    _exit(epoch, sync_ptr, ...)                   # peers are done reading my input; count this call
 
 ``epoch`` is this program's call number, kept on the device. ``shift[p]`` says how many elements
 rank p's input lies after mine: ranks may pass different heap tensors (or one a heap tensor and
@@ -11,6 +11,19 @@ another a staged plain one), and peers' copies are found through it, not assumed
 Program ``pid`` of one rank only ever waits for program ``pid`` of the others, so the kernels
 also run in the simulator, where a launch's programs run one after another. Epochs live on
 the device, so CUDA-graph replays stay correct.
+
+Every kernel takes one ``sync_ptr``: the workspace's sync block, symmetric int64 words zeroed
+once, laid out as::
+
+    COUNTS_WORD + pid                  the last call program pid finished (its epoch); local only
+    ARGS_WORD + pid                    where this rank's input of program pid's call lies (heap
+                                       offset), published for the peers at the entry sync
+    FLAGS_WORD + (phase * MAX_PROGRAMS + pid) * world_size + r
+                                       sync slot of program pid at phase (entry, middle, exit):
+                                       the last epoch rank r announced there
+
+Kernel signatures list one concern per line: the call's tensors and sizes, the sync block, the
+team (``rank, world_size, heap_bases`` as in the device API), then the meta-parameters.
 """
 
 from __future__ import annotations
@@ -21,18 +34,45 @@ import triton.language as tl
 from ..device import load, sync_ranks
 from .device import reduce_tile, shifted
 
-PHASES = 3  # entry, middle, exit: each has its own slots
+#: Most programs a collective launches; also the number of per-program words in the sync block.
+MAX_PROGRAMS = 256
+#: Syncs a call can do (entry, middle, exit): each has its own slots.
+PHASES = 3
+#: Where each part of the sync block starts (int64 words; see the module docstring).
+COUNTS_WORD = 0
+ARGS_WORD = MAX_PROGRAMS
+FLAGS_WORD = 2 * MAX_PROGRAMS
+
+_MAX_PROGRAMS = tl.constexpr(MAX_PROGRAMS)
+_COUNTS = tl.constexpr(COUNTS_WORD)
+_ARGS = tl.constexpr(ARGS_WORD)
+_FLAGS = tl.constexpr(FLAGS_WORD)
+_ENTRY, _MIDDLE, _EXIT = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+
+
+def sync_words(world_size: int) -> int:
+    """Size of the sync block (int64 words) for ``world_size`` ranks.
+
+    Example::
+
+        sync = ctx.zeros(sync_words(ctx.world_size), dtype=torch.int64)
+    """
+    return FLAGS_WORD + PHASES * MAX_PROGRAMS * world_size
 
 
 @triton.jit
-def _sync(flags_ptr, PHASE: tl.constexpr, epoch, rank, world_size, heap_bases, MAX_PROGRAMS: tl.constexpr,
+def _sync(sync_ptr, PHASE: tl.constexpr, epoch,
+          rank, world_size, heap_bases,
           WORLD_BLOCK: tl.constexpr):
-    slots = flags_ptr + (PHASE * MAX_PROGRAMS + tl.program_id(0)) * world_size
+    """Meet program ``pid`` of every rank at ``PHASE`` of call ``epoch``."""
+    slots = sync_ptr + _FLAGS + (PHASE * _MAX_PROGRAMS + tl.program_id(0)) * world_size
     sync_ranks(slots, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
 @triton.jit
-def _enter(src_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS: tl.constexpr,
+def _enter(src_ptr,
+           sync_ptr,
+           rank, world_size, heap_bases,
            WORLD_BLOCK: tl.constexpr):
     """Publish my input's heap offset, meet every rank (entry sync), read every rank's offset.
 
@@ -40,12 +80,12 @@ def _enter(src_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_base
     after every peer has passed this call's later sync, so nobody reads a stale one.
     """
     pid = tl.program_id(0)
-    epoch = tl.load(counts_ptr + pid) + 1
+    epoch = tl.load(sync_ptr + _COUNTS + pid) + 1
     my_base = tl.load(heap_bases + rank)
     mine = tl.cast(src_ptr, tl.int64) - my_base
-    slot = args_ptr + pid
+    slot = sync_ptr + _ARGS + pid
     tl.store(slot, mine)  # published by the release inside the sync
-    _sync(flags_ptr, 0, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    _sync(sync_ptr, _ENTRY, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
     ranks = tl.arange(0, WORLD_BLOCK)
     valid = ranks < world_size
     their_slots = tl.load(heap_bases + ranks, mask=valid, other=0) + (tl.cast(slot, tl.int64) - my_base)
@@ -55,11 +95,19 @@ def _enter(src_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_base
 
 
 @triton.jit
-def _exit(epoch, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS: tl.constexpr,
+def _finish(epoch, sync_ptr):
+    """Count this call as done by this program (the next call's epoch follows it)."""
+    tl.store(sync_ptr + _COUNTS + tl.program_id(0), epoch)
+
+
+@triton.jit
+def _exit(epoch,
+          sync_ptr,
+          rank, world_size, heap_bases,
           WORLD_BLOCK: tl.constexpr):
     """Meet every rank again (nobody reads my input any more), then count this call as done."""
-    _sync(flags_ptr, 2, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
-    tl.store(counts_ptr + tl.program_id(0), epoch)
+    _sync(sync_ptr, _EXIT, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    _finish(epoch, sync_ptr)
 
 
 @triton.jit
@@ -69,41 +117,50 @@ def _tile(tile, limit, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def all_gather_kernel(inp_ptr, out_ptr, n, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases,
-                      BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+def all_gather_kernel(
+    inp_ptr, out_ptr, n,  # my n input elements; out holds every rank's, in rank order
+    sync_ptr,
+    rank, world_size, heap_bases,
+    BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+):
     """Every rank reads every peer's ``n`` input elements into its slot of ``out``."""
-    epoch, shift = _enter(inp_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS,
-                          WORLD_BLOCK)
+    epoch, shift = _enter(inp_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, n, BLOCK)
         for i in range(world_size):
             peer = (rank + i) % world_size
             value = load(shifted(inp_ptr, shift, peer) + offs, rank, peer, heap_bases, mask=mask)
             tl.store(out_ptr + tl.cast(peer, tl.int64) * n + offs, value, mask=mask)
-    _exit(epoch, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    _exit(epoch, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
 @triton.jit
-def reduce_scatter_kernel(inp_ptr, out_ptr, m, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases,
-                          OP: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
-                          WORLD_BLOCK: tl.constexpr):
+def reduce_scatter_kernel(
+    inp_ptr, out_ptr, m,  # world_size chunks of m input elements; my reduced chunk goes to out
+    sync_ptr,
+    rank, world_size, heap_bases,
+    OP: tl.constexpr, ACC: tl.constexpr,
+    BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+):
     """Rank r reduces chunk r (``m`` elements) of every rank's input into ``out``."""
-    epoch, shift = _enter(inp_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS,
-                          WORLD_BLOCK)
+    epoch, shift = _enter(inp_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     for tile in range(tl.program_id(0), tl.cdiv(m, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, m, BLOCK)
         mine = inp_ptr + tl.cast(rank, tl.int64) * m + offs
         tl.store(out_ptr + offs, reduce_tile(mine, rank, world_size, heap_bases, mask, OP, ACC, shift), mask=mask)
-    _exit(epoch, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    _exit(epoch, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
 @triton.jit
-def all_to_all_kernel(inp_ptr, out_ptr, table_ptr, inner, args_ptr, flags_ptr, counts_ptr, rank, world_size,
-                      heap_bases, BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+def all_to_all_kernel(
+    inp_ptr, out_ptr, table_ptr, inner,  # rows of `inner` elements, moved as this rank's table says
+    sync_ptr,
+    rank, world_size, heap_bases,
+    BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+):
     """Rows ``table[0:W]`` = how many rows each rank sends to each rank, ``table[W:2W]`` = where they start
     in its input, ``table[2W:3W]`` = where the rows from each rank start in my output (this rank's table)."""
-    epoch, shift = _enter(inp_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS,
-                          WORLD_BLOCK)
+    epoch, shift = _enter(inp_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     for i in range(world_size):
         peer = (rank + i) % world_size
         count = load(table_ptr + rank, rank, peer, heap_bases) * inner
@@ -112,44 +169,54 @@ def all_to_all_kernel(inp_ptr, out_ptr, table_ptr, inner, args_ptr, flags_ptr, c
         for tile in range(tl.program_id(0), tl.cdiv(count, BLOCK), tl.num_programs(0)):
             offs, mask = _tile(tile, count, BLOCK)
             tl.store(dst + offs, load(src + offs, rank, peer, heap_bases, mask=mask), mask=mask)
-    _exit(epoch, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    _exit(epoch, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
 @triton.jit
-def broadcast_kernel(x_ptr, n, src, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases,
-                     BLOCK: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+def broadcast_kernel(
+    x_ptr, n, src,  # every rank's n elements of x become rank src's
+    sync_ptr,
+    rank, world_size, heap_bases,
+    BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+):
     """Every rank but ``src`` reads ``src``'s ``x`` into its own."""
-    epoch, shift = _enter(x_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS,
-                          WORLD_BLOCK)
+    epoch, shift = _enter(x_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     if rank != src:
         source = shifted(x_ptr, shift, src)
         for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
             offs, mask = _tile(tile, n, BLOCK)
             tl.store(x_ptr + offs, load(source + offs, rank, src, heap_bases, mask=mask), mask=mask)
-    _exit(epoch, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    _exit(epoch, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
 @triton.jit
-def all_reduce_one_shot_kernel(x_ptr, scratch_ptr, n, args_ptr, flags_ptr, counts_ptr, rank, world_size,
-                               heap_bases, OP: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
-                               MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+def all_reduce_one_shot_kernel(
+    x_ptr, scratch_ptr, n,  # x (n elements) is reduced in place, through scratch (n elements)
+    sync_ptr,
+    rank, world_size, heap_bases,
+    OP: tl.constexpr, ACC: tl.constexpr,
+    BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+):
     """Every rank reads every peer's whole tensor; results wait in scratch until peers are done reading."""
-    epoch, shift = _enter(x_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS,
-                          WORLD_BLOCK)
+    epoch, shift = _enter(x_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, n, BLOCK)
         total = reduce_tile(x_ptr + offs, rank, world_size, heap_bases, mask, OP, ACC, shift)
         tl.store(scratch_ptr + offs, total, mask=mask)
-    _exit(epoch, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    _exit(epoch, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, n, BLOCK)
         tl.store(x_ptr + offs, tl.load(scratch_ptr + offs, mask=mask), mask=mask)
 
 
 @triton.jit
-def all_reduce_two_shot_kernel(x_ptr, scratch_ptr, n, chunk, args_ptr, flags_ptr, counts_ptr, rank, world_size,
-                               heap_bases, OP: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
-                               MAX_PROGRAMS: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+def all_reduce_two_shot_kernel(
+    x_ptr, scratch_ptr, n, chunk,  # x (n elements, world_size chunks of `chunk`) is reduced in place
+    sync_ptr,
+    rank, world_size, heap_bases,
+    OP: tl.constexpr, ACC: tl.constexpr,
+    BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+):
     """Reduce-scatter into scratch (rank r owns chunk r), then every rank gathers every chunk.
 
     Tile t of every chunk belongs to the same program on every rank, so after the middle sync of
@@ -157,8 +224,7 @@ def all_reduce_two_shot_kernel(x_ptr, scratch_ptr, n, chunk, args_ptr, flags_ptr
     Scratch (a workspace buffer: the same offset everywhere) is reused only after the next call's
     entry sync, so no exit sync is needed.
     """
-    epoch, shift = _enter(x_ptr, args_ptr, flags_ptr, counts_ptr, rank, world_size, heap_bases, MAX_PROGRAMS,
-                          WORLD_BLOCK)
+    epoch, shift = _enter(x_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     tiles = tl.cdiv(chunk, BLOCK)
     for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
         local, in_chunk = _tile(tile, chunk, BLOCK)
@@ -166,7 +232,7 @@ def all_reduce_two_shot_kernel(x_ptr, scratch_ptr, n, chunk, args_ptr, flags_ptr
         mask = in_chunk & (offs < n)
         total = reduce_tile(x_ptr + offs, rank, world_size, heap_bases, mask, OP, ACC, shift)
         tl.store(scratch_ptr + offs, total, mask=mask)
-    _sync(flags_ptr, 1, epoch, rank, world_size, heap_bases, MAX_PROGRAMS, WORLD_BLOCK)
+    _sync(sync_ptr, _MIDDLE, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
     for i in range(world_size):
         owner = (rank + i) % world_size
         for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
@@ -174,4 +240,4 @@ def all_reduce_two_shot_kernel(x_ptr, scratch_ptr, n, chunk, args_ptr, flags_ptr
             offs = tl.cast(owner, tl.int64) * chunk + local
             mask = in_chunk & (offs < n)
             tl.store(x_ptr + offs, load(scratch_ptr + offs, rank, owner, heap_bases, mask=mask), mask=mask)
-    tl.store(counts_ptr + tl.program_id(0), epoch)
+    _finish(epoch, sync_ptr)

@@ -1,49 +1,68 @@
-"""Per-context state of the collectives: sync slots, call counters, split tables, staging buffers.
+"""Per-context state of the collectives: the sync block, the split table, staging buffers.
 
-Everything lives on the symmetric heap and is allocated lazily by the first collective that
-needs it. Allocation is collective, so what is allocated depends only on the call's sizes,
-never on this rank's tensors (whether they are on the heap), and every rank stays in step.
+Everything lives on the symmetric heap and is made lazily by the first collective that needs
+it. Allocation is collective, so what is allocated depends only on the call's sizes, never on
+this rank's tensors (whether they are on the heap), and every rank stays in step.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .kernels import PHASES
+from ..runtime.resources import GrowingBuffer
+from .kernels import sync_words
 
-#: Most programs a collective launches; also the number of per-program sync slots.
-MAX_PROGRAMS = 256
+#: The key of the workspace among the context's resources (``ctx.resource``).
+RESOURCE_KEY = "ccl.workspace"
 
 
 class Workspace:
-    """The collectives' heap memory for one context. Get it with :func:`workspace`."""
+    """The collectives' heap memory for one context. Get it with :func:`workspace`.
+
+    Attributes:
+        sync: the kernels' sync block (int64; layout in :mod:`trident.ccl.kernels`), zeroed once.
+        table: ``3 * world_size`` int64 words: the split table of ``all_to_all(_v)``.
+    """
 
     def __init__(self, ctx):
         self.ctx = ctx
-        self.flags = ctx.zeros(PHASES * MAX_PROGRAMS * ctx.world_size, dtype=torch.int64)
-        self.counts = ctx.zeros(MAX_PROGRAMS, dtype=torch.int64)
+        self.sync = ctx.zeros(sync_words(ctx.world_size), dtype=torch.int64)
         self.table = ctx.zeros(3 * ctx.world_size, dtype=torch.int64)
-        self.args = ctx.zeros(MAX_PROGRAMS, dtype=torch.int64)  # per program: where this rank's input lies
-        self._buffers: dict[str, torch.Tensor] = {}
-        # A faster rank must not signal into our slots before we have zeroed them.
+        self._buffers: dict[str, GrowingBuffer] = {}
+        # A faster rank must not signal into our sync slots before we have zeroed them.
         ctx.barrier()
 
     def buffer(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """A symmetric scratch tensor of ``numel`` elements; grows (by powers of two) when needed."""
-        nbytes = max(numel * dtype.itemsize, 1)
-        current = self._buffers.get(name)
-        if current is None or current.numel() < nbytes:
-            if current is not None:
-                self.ctx.device_barrier()  # no rank's earlier kernel still reads the old buffer
-                self.ctx.free(current)
-            self._buffers[name] = current = self.ctx.empty(1 << (nbytes - 1).bit_length(), dtype=torch.uint8)
-        return current[:numel * dtype.itemsize].view(dtype)
+        """A symmetric scratch tensor of ``numel`` elements, flat (collective: every rank asks for
+        the same size). Each name has its own buffer, which grows by powers of two when needed.
+
+        Args:
+            name: which buffer (e.g. ``"input"``, ``"scratch"``).
+            numel: elements needed (0 is fine).
+            dtype: their dtype.
+
+        Returns:
+            A view of the buffer's first ``numel`` elements.
+
+        Example::
+
+            scratch = workspace(ctx).buffer("scratch", n, torch.float32)
+        """
+        grower = self._buffers.get(name)
+        if grower is None:
+            grower = self._buffers[name] = GrowingBuffer(self.ctx)
+        nbytes = numel * dtype.itemsize
+        return grower.get(nbytes)[:nbytes].view(dtype)  # [:nbytes]: get() gives at least one byte
 
 
 def workspace(ctx) -> Workspace:
-    """The context's workspace, made on first use (collectively: every rank's first collective)."""
-    ws = getattr(ctx, "_ccl_workspace", None)
-    if ws is None or ws.ctx is not ctx:
-        ws = Workspace(ctx)
-        ctx._ccl_workspace = ws
-    return ws
+    """The context's :class:`Workspace`, made on first use (collectively: every rank's first collective).
+
+    It is a resource of the context (``ctx.resource``): dropped at ``ctx.close()``, or at the end
+    of the ``ctx.heap_scope()`` it was made in.
+
+    Example::
+
+        table = workspace(ctx).table
+    """
+    return ctx.resource(RESOURCE_KEY, lambda: Workspace(ctx))

@@ -14,14 +14,26 @@ _BARRIER_SLOTS = tl.constexpr(layout.BARRIER_SLOTS)
 
 
 @triton.jit
-def device_barrier_kernel(heap_bases, rank, world_size, BLOCK: tl.constexpr):
+def device_barrier_kernel(
+    rank, world_size, heap_bases,
+    WORLD_BLOCK: tl.constexpr,
+):
     """One program. Slot ``r`` of a rank's control block holds the last epoch rank ``r`` announced."""
     ctrl = control_block(rank, heap_bases)
     epoch = tl.load(ctrl + _BARRIER_EPOCH) + 1  # on the device, so graph replays count on
     tl.store(ctrl + _BARRIER_EPOCH, epoch)
-    sync_ranks(ctrl + _BARRIER_SLOTS, epoch, rank, world_size, heap_bases, BLOCK)
+    sync_ranks(ctrl + _BARRIER_SLOTS, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
 def launch_device_barrier(heap_bases: torch.Tensor, rank: int, world_size: int) -> None:
-    """Launch the barrier kernel on the current stream."""
-    device_barrier_kernel[(1,)](heap_bases, rank, world_size, BLOCK=triton.next_power_of_2(world_size))
+    """Launch the barrier kernel on the current stream (``ctx.device_barrier()`` calls it).
+
+    Args:
+        heap_bases: every rank's heap base (``ctx.heap_bases``).
+        rank, world_size: this rank and the job's size.
+
+    Example::
+
+        launch_device_barrier(ctx.heap_bases, ctx.rank, ctx.world_size)
+    """
+    device_barrier_kernel[(1,)](rank, world_size, heap_bases, WORLD_BLOCK=triton.next_power_of_2(world_size))

@@ -4,8 +4,7 @@ A trace buffer is an int64 tensor on the heap (made by :class:`trident.trace.Tra
 
     word 0        how many events kernels tried to record (a slot counter, bumped atomically)
     word 1        capacity: how many records fit
-    word 2        start time of the open host span (:meth:`trident.trace.Trace.span`)
-    words 3..7    unused (keeps records 64-byte aligned)
+    words 2..7    start times of the open host spans, outermost first (:meth:`trident.trace.Trace.span`)
     word 8 + 8*i  record i: kind, program, tile, peer, t_start, t_end, rank, 1 (written)
 
 ``record`` reserves a slot with one atomic add and writes the record only when the slot is
@@ -30,14 +29,17 @@ HEADER_WORDS = 8
 RECORD_WORDS = 8
 COUNT_WORD = 0
 CAPACITY_WORD = 1
-SPAN_START_WORD = 2
+#: Host spans (:meth:`trident.trace.Trace.span`) keep their start times in the header's last words,
+#: one per level of nesting; the header stays 8 words so that records stay 64-byte aligned.
+SPAN_STACK_WORD = 2
+MAX_SPAN_DEPTH = HEADER_WORDS - SPAN_STACK_WORD
 FIELDS = ("kind", "program", "tile", "peer", "t_start", "t_end", "rank", "written")
 
 _HEADER = tl.constexpr(HEADER_WORDS)
 _RECORD = tl.constexpr(RECORD_WORDS)
 _COUNT = tl.constexpr(COUNT_WORD)
 _CAPACITY = tl.constexpr(CAPACITY_WORD)
-_SPAN_START = tl.constexpr(SPAN_START_WORD)
+_SPAN_STACK = tl.constexpr(SPAN_STACK_WORD)
 
 
 @triton.jit
@@ -115,12 +117,13 @@ def record(trace_ptr, kind, tile, peer, t_start, rank, ENABLED: tl.constexpr):
 
 
 @triton.jit
-def span_start_kernel(trace_ptr):
-    """One program: store the timer into the buffer's span word (the start of a host span)."""
-    tl.store(trace_ptr + _SPAN_START, now())
+def span_start_kernel(trace_ptr, depth):
+    """One program: store the timer into the span word of nesting level ``depth`` (a span starts)."""
+    tl.store(trace_ptr + _SPAN_STACK + depth, now())
 
 
 @triton.jit
-def span_end_kernel(trace_ptr, kind, tile, peer, rank):
-    """One program: record an event from the span word's time until now."""
-    record(trace_ptr, kind, tile, peer, tl.load(trace_ptr + _SPAN_START), rank, True)
+def span_end_kernel(trace_ptr, depth,
+                    kind, tile, peer, rank):
+    """One program: record an event from the start time of the span at level ``depth`` until now."""
+    record(trace_ptr, kind, tile, peer, tl.load(trace_ptr + _SPAN_STACK + depth), rank, True)

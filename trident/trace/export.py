@@ -1,4 +1,8 @@
-"""Exporting trace events: Chrome/Perfetto trace JSON and a PNG timeline (matplotlib)."""
+"""Exporting trace events: Chrome/Perfetto trace JSON and a PNG timeline.
+
+The timeline needs matplotlib, an optional dependency (the ``bench`` extra): it is imported only
+when a timeline is drawn, so tracing and the JSON export work without it.
+"""
 
 from __future__ import annotations
 
@@ -61,6 +65,20 @@ def write_chrome(events, path: str, title: str | None = None) -> dict:
     return doc
 
 
+def _pyplot():
+    """matplotlib's pyplot and ``Patch``, drawing into files (no display needed)."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ImportError("drawing a trace timeline needs matplotlib: pip install matplotlib "
+                          "(or install trident with the bench extra: pip install 'trident[bench]')") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    return plt, Patch
+
+
 def plot_timeline(events, path: str, title: str | None = None) -> str:
     """Draw ``events`` as a PNG timeline: one panel per rank, programs on y, time (us) on x.
 
@@ -72,16 +90,14 @@ def plot_timeline(events, path: str, title: str | None = None) -> str:
     Returns:
         ``path``.
 
+    Raises:
+        ImportError: when matplotlib is not installed (``pip install matplotlib``).
+
     Example::
 
         plot_timeline(trace.gather(), "timeline.png", title="GEMM + all-scatter, 4 ranks")
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
+    plt, Patch = _pyplot()
     ranks = sorted({e.rank for e in events}) or [0]
     t0 = _origin(events)
     rows = {r: sorted({e.program for e in events if e.rank == r}) or [0] for r in ranks}

@@ -14,6 +14,7 @@ from .device import (
     FIELDS,
     HEADER_WORDS,
     KIND_NAMES,
+    MAX_SPAN_DEPTH,
     RECORD_WORDS,
     span_end_kernel,
     span_start_kernel,
@@ -107,6 +108,7 @@ class Trace:
         self.capacity = int(capacity)
         self.tensor = ctx.zeros(HEADER_WORDS + self.capacity * RECORD_WORDS, dtype=torch.int64)
         self._gathered: Events | None = None
+        self._open_spans = 0  # spans open now: the next one starts at this nesting level
         self.reset()
 
     @property
@@ -127,22 +129,36 @@ class Trace:
         For work whose kernels record nothing (a library collective, a torch call): a
         one-program kernel reads the timer before the block's work and another records the event
         after it, both stream-ordered, so the event spans that work. It shows as program 0.
-        Spans do not nest (one start word per buffer).
+        Spans nest, up to ``trident.trace.MAX_SPAN_DEPTH`` (6) deep: each level keeps its
+        start time in a word of the buffer's header. A block that raises records no event.
 
         Args:
             kind: the event kind (``trident.trace.COMM`` by default).
             tile: the event's tile number.
             peer: the rank the work talks to (default: this rank).
 
+        Raises:
+            ValueError: when ``MAX_SPAN_DEPTH`` spans are open already.
+
         Example::
 
-            with trace.span(trident.trace.COMM):
+            with trace.span(trident.trace.COMM, tile=0):
                 trident.ccl.all_gather(ctx, out, inp)
+                with trace.span(trident.trace.COMPUTE, tile=1):   # nested: its own event
+                    out.mul_(2)
         """
-        span_start_kernel[(1,)](self.tensor)
-        yield self
+        depth = self._open_spans
+        if depth >= MAX_SPAN_DEPTH:
+            raise ValueError(f"rank {self.ctx.rank}: trace spans nest at most {MAX_SPAN_DEPTH} deep "
+                             f"({depth} are open)")
+        span_start_kernel[(1,)](self.tensor, depth)
+        self._open_spans += 1
+        try:
+            yield self
+        finally:
+            self._open_spans -= 1
         rank = self.ctx.rank
-        span_end_kernel[(1,)](self.tensor, int(kind), int(tile), rank if peer is None else int(peer), rank)
+        span_end_kernel[(1,)](self.tensor, depth, int(kind), int(tile), rank if peer is None else int(peer), rank)
 
     def events(self) -> Events:
         """This rank's events, decoded (waits for this rank's device work first).
@@ -150,7 +166,7 @@ class Trace:
         Returns:
             :class:`Events`; ``.dropped`` counts the events that did not fit.
         """
-        if self.ctx.backend == "cuda":
+        if not self.ctx.platform.simulator:  # the simulator's kernels finish before their launch returns
             torch.cuda.synchronize(self.ctx.device)
         return decode(self.tensor, self.ctx.rank)
 

@@ -1,12 +1,27 @@
-"""What links the GPUs: NVML (nvidia-ml-py's ``pynvml``) for NVLink / PCIe, torch for peer access.
+"""The machine's GPUs and what links them: NVML (nvidia-ml-py's ``pynvml``) for NVLink / PCIe,
+torch for peer access. What ``trident info`` prints.
+
+:mod:`trident.platform` describes the one device a rank runs on; this module lists every GPU
+of the machine, whichever rank (if any) uses it.
 
 Everything here degrades: without ``pynvml`` or without a GPU the functions say so instead of
 failing, so ``trident info`` and the benchmarks' metadata work on any machine.
+
+Example::
+
+    for row in gpu_rows():
+        print(row["index"], row["name"], row["sms"])
 """
 
 from __future__ import annotations
 
+from platform import python_version
+
 import torch
+import triton
+
+from . import config
+from .platform import PROCESS_BACKEND, gpus_visible
 
 
 def _nvml():
@@ -96,7 +111,7 @@ def peer_matrix() -> dict:
         m = peer_matrix()
         print(m["links"][0][1], m["peer_access"][0][1])      # NVLink x18 True
     """
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    n = gpus_visible()
     nvml, why = _nvml() if n else (None, "no GPU")
     handles = []
     if nvml is not None:
@@ -111,46 +126,49 @@ def peer_matrix() -> dict:
 
 
 def gpu_rows() -> list[dict]:
-    """One dict per visible GPU: index, name, SMs, memory (MiB), compute capability."""
+    """One dict per visible GPU: index, name, SMs, memory (MiB), compute capability.
+
+    Example::
+
+        gpu_rows()   # [{"index": 0, "name": "NVIDIA H200", "sms": 132, "memory_mib": 143771, "capability": "9.0"}]
+    """
     rows = []
-    for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+    for i in range(gpus_visible()):
         p = torch.cuda.get_device_properties(i)
         rows.append({"index": i, "name": p.name, "sms": p.multi_processor_count, "memory_mib": p.total_memory >> 20,
                      "capability": f"{p.major}.{p.minor}"})
     return rows
 
 
-def system_info() -> dict:
+def system_info(default_heap_size: int, version: str) -> dict:
     """Everything ``trident info`` prints: a summary, the GPUs and the peer matrix.
+
+    Args:
+        default_heap_size: bytes per rank that ``trident.init()`` allocates by default (the
+            runtime owns it: ``trident.runtime.context.DEFAULT_HEAP_SIZE``).
+        version: trident's version (``trident.__version__``).
 
     Returns:
         ``{"summary": {label: text}, "gpus": [gpu_rows()], "peers": peer_matrix()}``.
 
     Example::
 
-        print(system_info()["summary"]["backend"])     # "sim (CPU simulator: no GPU visible)"
+        facts = system_info(DEFAULT_HEAP_SIZE, trident.__version__)
+        print(facts["summary"]["backend"])     # "sim (CPU simulator: ..., no GPU visible)"
     """
-    import platform
-
-    import triton
-
-    import trident
-    from trident import config
-    from trident.runtime.context import DEFAULT_HEAP_SIZE
-
     gpus = gpu_rows()
     nvml, why = _nvml() if gpus else (None, "")
-    backend = config.BACKEND
+    backend = PROCESS_BACKEND
     if backend == "sim":
         backend += " (CPU simulator: kernels run in Triton's interpreter" + (
             ", chosen with TRIDENT_BACKEND)" if gpus else ", no GPU visible)")
     summary = {
-        "backend": backend, "debug": str(config.DEBUG), "trident": trident.__version__, "torch": torch.__version__,
+        "backend": backend, "debug": str(config.DEBUG), "trident": version, "torch": torch.__version__,
         "triton": triton.__version__, "cuda (torch)": str(torch.version.cuda),
         "driver": driver_version() or ("n/a: " + why if why else "n/a (no GPU)"),
-        "python": platform.python_version(),
+        "python": python_version(),
         "gpus": f"{len(gpus)}" + (f" x {gpus[0]['name']}, {gpus[0]['sms']} SMs" if gpus else " (none visible)"),
-        "heap size default": f"{DEFAULT_HEAP_SIZE >> 20} MiB per rank (trident.init(heap_size=...))",
+        "heap size default": f"{default_heap_size >> 20} MiB per rank (trident.init(heap_size=...))",
         "nvml": "ok" if nvml is not None else (why or "not needed (no GPU)"),
     }
     return {"summary": summary, "gpus": gpus, "peers": peer_matrix()}
