@@ -81,7 +81,7 @@ def run(ctx, m: int, n_shard: int, k: int, blocks: tuple[int, int, int], out: st
     events = trace.gather()
     if ctx.rank == 0 and out:
         os.makedirs(out, exist_ok=True)
-        title = f"matmul tiles + all-scatter, {w} ranks, {m}x{n_shard * w}x{k}, {ctx.backend}"
+        title = f"matmul tiles + all-scatter, {w} ranks, {m}x{n_shard * w}x{k}, {ctx.platform.backend}"
         trace.to_chrome(os.path.join(out, "trace.json"), title=title)
         trace.plot(os.path.join(out, "timeline.png"), title=title)
         print(f"{len(events)} events ({events.dropped} dropped) -> {out}/trace.json, {out}/timeline.png")
@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4096)
     parser.add_argument("--out", default="results/trace_demo")
     args = parser.parse_args()
-    sim = trident.config.BACKEND == "sim"
+    sim = trident.platform.SIMULATOR  # the heap is sized before there is a context to ask
     m, n_shard, k, blocks = (32, 32, 32, (16, 16, 16)) if sim else (args.m, args.n_shard, args.k, (128, 128, 64))
     ctx = trident.init(heap_size=(64 << 20) if sim else 2 * (m * k + k * n_shard) + 16 * m * n_shard + (256 << 20))
     run(ctx, m, n_shard, k, blocks, args.out)

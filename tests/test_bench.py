@@ -1,7 +1,9 @@
-"""The benchmark harness and the benchmarks at tiny sizes on 2 simulated ranks (what CI can run).
+"""The benchmark harness and the benchmarks at tiny sizes on 2 ranks: simulated in CI, and on the
+GPU with ``--backend cuda`` (the assertions hold on either backend).
 
 Each benchmark's ``run`` executes inside a rank pool (no process start-up per test); ``report``
-then writes the JSON and PNG files that ``trident bench`` writes. One test goes through the CLI.
+then writes the JSON and PNG files that ``trident bench`` writes. Some tests go through the CLI
+(in the simulator), and one runs a small suite (``trident.bench.suite``).
 """
 
 import json
@@ -11,8 +13,10 @@ import sys
 import types
 
 import pytest
+import torch
 
 from trident.bench import harness, summary
+from trident.platform import PROCESS_BACKEND, SIMULATOR
 
 PNG = b"\x89PNG\r\n\x1a\n"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,7 +48,8 @@ def test_time_ms_calls_warmup_plus_repeats_and_takes_the_median():
         import time
         time.sleep(next(delays))
 
-    ms = harness.time_ms(types.SimpleNamespace(backend="sim"), fn, warmup=2, repeats=3)
+    host_timed = types.SimpleNamespace(platform=types.SimpleNamespace(timing_device=torch.device("cpu")))
+    ms = harness.time_ms(host_timed, fn, warmup=2, repeats=3)
     assert len(calls) == 5
     assert 1.5 < ms < 15  # the median of ~1, ~30, ~2 ms is ~2 ms, not the 30 ms outlier
 
@@ -85,8 +90,10 @@ def _bench(ctx, module, argv, out):
 
 def _check_common(record, files, world):
     harness.validate(record)
-    assert record["meta"]["world_size"] == world and record["meta"]["backend"] == "sim"
-    assert record["performance_figure"] is False and "not link bandwidth" in record["note"]
+    assert record["meta"]["world_size"] == world and record["meta"]["backend"] == PROCESS_BACKEND
+    # A performance figure only with a GPU per rank (never in the simulator); otherwise the note says why.
+    assert record["performance_figure"] is (not SIMULATOR and not record["meta"]["ranks_share_gpus"])
+    assert record["performance_figure"] or "not link bandwidth" in record["note"]
     json_file = next(f for f in files if f.endswith(".json"))
     with open(json_file) as f:
         assert json.load(f) == json.loads(json.dumps(record))
@@ -124,13 +131,14 @@ def test_all_load_and_all_store_sweep(pool2, tmp_path, mode):
             "--no-progress"]
     record, files = pool2.run(_bench, "all_access", argv, str(tmp_path))[0]
     _check_common(record, files, 2)
+    nccl = record["performance_figure"]  # NCCL's line needs a GPU per rank, as a performance figure does
     assert record["benchmark"] == f"all-{mode}" and record["all_correct"]
     assert [r["bytes"] for r in record["rows"]] == [4096, 8192]
     for r in record["rows"]:
-        assert r["trident_gbps"] > 0 and r["copy_engine_gbps"] > 0 and "nccl_gbps" not in r
+        assert r["trident_gbps"] > 0 and r["copy_engine_gbps"] > 0 and ("nccl_gbps" in r) is nccl
         assert r["per_rank_gbps"] * 2 == pytest.approx(r["trident_gbps"])
         assert r["grid"] == r["bytes"] // 2 // 256  # one peer each, 256 elements per program
-    assert record["references"] == {"copy_engine": True, "nccl_all_gather": False}
+    assert record["references"] == {"copy_engine": True, "nccl_all_gather": nccl}
     table = summary.summarize(record).splitlines()
     assert "| B per rank | trident GB/s | copy engine GB/s | NCCL GB/s | of copy engine | ok |" in table
     assert [line.split(" | ")[0] for line in table if line.startswith("| 4 KiB") or line.startswith("| 8 KiB")] == \
@@ -149,14 +157,18 @@ def test_device_api_and_ccl_on_the_harness(pool2, tmp_path):
     _check_common(rec, files, 2)
     assert {r["collective"] for r in rec["rows"]} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                                                       "broadcast"}
-    assert rec["nccl_compared"] is False and all(r["busbw_gbps"] > 0 for r in rec["rows"])
+    assert rec["nccl_compared"] is rec["performance_figure"] and all(r["busbw_gbps"] > 0 for r in rec["rows"])
 
 
 def _fused_bench(ctx, module, argv, out):
     import importlib
 
+    from trident.bench.fused_ops import SIM_SHAPES
+
     mod = importlib.import_module(f"trident.bench.{module}")
-    args = mod.parse_args(argv + ["--warmup", "0", "--repeats", "1", "--no-progress", "--trace", "--out", out])
+    shapes = ",".join("x".join(map(str, shape)) for shape in SIM_SHAPES)  # small on either backend
+    args = mod.parse_args(argv + ["--shapes", shapes, "--warmup", "0", "--repeats", "1", "--no-progress", "--trace",
+                                  "--out", out])
     record = mod.run(ctx, args)
     files = (mod.report(record, out) if module == "gemm_all_scatter" else
              mod.report(record, out, args.op, args.op)) if ctx.rank == 0 else []
@@ -175,16 +187,24 @@ def test_fused_op_benchmarks_check_time_plot_and_trace(pool2, tmp_path, module, 
     assert record["rows"] == other["rows"]  # times are the max over ranks: every rank has the same
     _check_common(record, files, 2)
     rows = {r["pattern"]: r for r in record["rows"]}
-    assert set(rows) == patterns | {"gemm", "baseline", "auto"}
-    assert rows["auto"]["chosen"] == "baseline"  # nothing measured for the simulator
+    # The baseline (and auto, which may pick it) needs NCCL: not with ranks sharing a GPU.
+    references = set() if record["meta"]["ranks_share_gpus"] else {"baseline", "auto"}
+    assert set(rows) == patterns | {"gemm"} | references
+    if "auto" in rows:
+        assert rows["auto"]["chosen"] in patterns | {"baseline"}
+        if SIMULATOR:
+            assert rows["auto"]["chosen"] == "baseline"  # nothing measured for the simulator
     for r in rows.values():
         assert r["time_ms"] > 0 and r["vs_gemm"] == pytest.approx(r["time_ms"] / rows["gemm"]["time_ms"])
         assert r["host_ms"] > 0
-        assert r["speedup"] == pytest.approx(rows["baseline"]["time_ms"] / r["time_ms"])
+        if "baseline" in rows:
+            assert r["speedup"] == pytest.approx(rows["baseline"]["time_ms"] / r["time_ms"])
     names = {os.path.basename(f) for f in files}
-    assert {n for n in names if n.endswith("_speedup.png") or n.endswith("_breakdown.png")} and len(names) >= 3
+    assert {n for n in names if n.endswith("_speedup.png") or n.endswith("_breakdown.png")}
+    assert len(names) >= (3 if "baseline" in rows else 2)  # JSON, breakdown, and speedups over a baseline
+    shape = record["rows"][0]["shape"]
     for pattern in patterns:  # one timeline per pattern, written by rank 0
-        base = tmp_path / f"timeline_{pattern}_32x32x32"
+        base = tmp_path / f"timeline_{pattern}_{shape}"
         assert _png_ok(f"{base}.png")
         events = json.loads(open(f"{base}.json").read())["traceEvents"]
         assert {e["pid"] for e in events if e.get("ph") == "X"} >= {0, 1}
@@ -248,3 +268,26 @@ def test_cli_lists_benchmarks_and_rejects_unknown():
             "gemm-reduce-scatter"} <= set(BENCHMARKS)
     with pytest.raises(SystemExit):
         main(["bench", "no-such-bench"])
+
+
+def test_suite_runs_steps_in_order_and_reports_failures(tmp_path, capsys):
+    from trident.bench import suite
+
+    py = ("{py}", "-c")
+    steps = suite.SUITES["sim-smoke"] + [suite.Step("fails", (*py, "import sys; sys.exit(3)"), 60),
+                                          suite.Step("hangs", (*py, "import time; time.sleep(60)"), 2)]
+    out = tmp_path / "suite"
+    assert suite.main(["tiny", "--out", str(out)], suites={"tiny": steps}) == 1
+    result = json.loads((out / "summary.json").read_text())
+    assert result["schema"] == "trident-suite/1" and result["suite"] == "tiny" and result["ok"] is False
+    assert [(s["name"], s["status"], s["returncode"]) for s in result["steps"]] == [
+        ("p2p_sim", "ok", 0), ("fails", "failed", 3), ("hangs", "timeout", -15)]
+    assert harness.validate(json.loads((out / "p2p_sim" / "p2p.json").read_text()))["meta"]["backend"] == "sim"
+    assert "load" in (out / "p2p_sim.log").read_text() and result["steps"][2]["seconds"] < 30
+    # Once the budget is spent no step starts, and the suite is not ok.
+    assert suite.main(["tiny", "--out", str(tmp_path / "none"), "--budget", "0"], suites={"tiny": steps[1:2]}) == 1
+    assert json.loads((tmp_path / "none" / "summary.json").read_text())["steps"][0]["status"] == "skipped"
+    assert suite.main(["--list"]) == 0 and "gpu-tests" in capsys.readouterr().out
+    assert {"gpu-tests", "gpu-gemm", "fused-ops", "p2p", "examples", "sim-smoke"} <= set(suite.SUITES)
+    named = {a for steps in suite.SUITES.values() for step in steps for a in step.argv if a.endswith(".py")}
+    assert named and all((suite.ROOT / path).is_file() for path in named), named  # no step names a moved file

@@ -16,15 +16,21 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = r'''
-import json, os, sys, re
+import importlib.util, json, os, sys, re
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-sys.path.insert(0, os.path.join(os.environ["PYTHONPATH"], "tests"))
 from trident.bench import p2p, all_access, device_api
-from test_trace import traced_kernel
-sys.path.insert(0, os.path.join(os.environ["PYTHONPATH"], "benchmarks"))
-from trace_demo import matmul_scatter_kernel
+
+def from_file(*path):  # tests/ and benchmarks/ are folders of scripts, not packages
+    spec = importlib.util.spec_from_file_location(path[-1].removesuffix(".py"), os.path.join(ROOT, *path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+ROOT = os.environ["PYTHONPATH"]
+traced_kernel = from_file("tests", "test_trace.py").traced_kernel
+matmul_scatter_kernel = from_file("benchmarks", "trace_demo.py").matmul_scatter_kernel
 
 MEM = {"x_ptr": "*fp16", "y_ptr": "*fp16", "n": "i32", "rank": "i32", "peer": "i32", "heap_bases": "*i64",
        "OP": "constexpr", "BLOCK": "constexpr"}

@@ -31,6 +31,7 @@ import triton.language as tl
 
 import trident
 
+from ..platform import SIMULATOR
 from . import harness, plots
 from .p2p import fill_pattern
 
@@ -140,8 +141,7 @@ def run(ctx, args) -> dict:
     x, y = ctx.empty(nmax, dtype=dtype), ctx.zeros(w * nmax, dtype=dtype)
     fill_pattern(x, ctx.rank)
     kernel = all_load_kernel if args.mode == "load" else all_store_kernel
-    with_nccl = (not args.no_reference and ctx.backend == "cuda" and w > 1
-                 and harness.gpu_count(ctx) >= w and dist.is_initialized())
+    with_nccl = not args.no_reference and ctx.platform.nccl_usable and w > 1 and dist.is_initialized()
     gathered = torch.empty(w * nmax, dtype=dtype, device=ctx.device) if with_nccl else None
     name = f"all-{args.mode}"
     record = harness.new_record(ctx, name, {**{k: v for k, v in vars(args).items() if k != "no_progress"},
@@ -179,33 +179,29 @@ def run(ctx, args) -> dict:
 def report(record: dict, out: str) -> list[str]:
     """Write the JSON and the curve PNG into ``out``, print the table; returns the files written."""
     stem = record["benchmark"].replace("-", "_")
-    files = [harness.write_results(record, out)]
-    print(harness.header(record))
     rows = [dict(r, size=harness.human_bytes(r["bytes"])) for r in record["rows"]]
-    print(harness.table(rows, [("size", "B per rank", ""), ("grid", "programs", "d"), ("trident_ms", "ms", ".4f"),
-                               ("trident_gbps", "GB/s (all ranks)", ".4g"), ("per_rank_gbps", "GB/s per rank", ".4g"),
-                               ("copy_engine_gbps", "copy engine GB/s", ".4g"), ("nccl_gbps", "NCCL GB/s", ".4g"),
-                               ("correct", "ok", "")]))
+    columns = [("size", "B per rank", ""), ("grid", "programs", "d"), ("trident_ms", "ms", ".4f"),
+               ("trident_gbps", "GB/s (all ranks)", ".4g"), ("per_rank_gbps", "GB/s per rank", ".4g"),
+               ("copy_engine_gbps", "copy engine GB/s", ".4g"), ("nccl_gbps", "NCCL GB/s", ".4g"),
+               ("correct", "ok", "")]
     series = {"trident_gbps": f"trident {record['params']['mode']}", "copy_engine_gbps": "copy engine (torch copy)",
               "nccl_gbps": "NCCL all-gather"}
     fractions = {"of copy engine": ("trident_gbps", "copy_engine_gbps"), "of NCCL": ("trident_gbps", "nccl_gbps")}
-    png = plots.curves(record, f"{out}/{stem}.png", "bytes", series, "aggregate GB/s (all ranks)",
-                       f"trident {record['benchmark']}: every rank {record['params']['mode']}s all peers at once",
-                       fractions)
-    files += [png] if png else []
-    if not record["all_correct"]:
-        print("ERROR: some sizes moved wrong data (see 'ok')", file=sys.stderr)
-    return files
+    what = f"trident {record['benchmark']}: every rank {record['params']['mode']}s all peers at once"
+    return harness.write_report(
+        record, out, columns, rows=rows, wrong="some sizes moved wrong data (see 'ok')",
+        plots=[lambda: plots.curves(record, f"{out}/{stem}.png", "bytes", series, "aggregate GB/s (all ranks)",
+                                    what, fractions)])
 
 
 def main(argv=None) -> int:
     """Run ``trident bench all-load|all-store`` on this rank; returns the exit code (1 if data was wrong)."""
     args = parse_args(argv)
-    if trident.config.BACKEND == "sim":
+    if SIMULATOR:
         sim_sizes(args)
     w = int(os.environ.get("WORLD_SIZE", "1"))  # the heap must be sized before init
     itemsize = torch.tensor([], dtype=getattr(torch, args.dtype)).element_size()
-    heap = harness.heap_for((w + 1) * args.max_bytes + 4 * args.block * itemsize, trident.config.BACKEND)
+    heap = harness.heap_for((w + 1) * args.max_bytes + 4 * args.block * itemsize)
     record = harness.run_benchmark(args, run, report, heap)
     return 0 if record["all_correct"] else 1
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 import trident
 
+from ..platform import SIMULATOR
 from . import harness, plots
 
 # busbw = algbw * factor(world), as in nccl-tests; algbw counts the bytes of the largest buffer.
@@ -73,7 +74,7 @@ def run(ctx, args) -> dict:
         record = run(ctx, parse_args(["--max-bytes", "1M"]))
     """
     dtype = getattr(torch, args.dtype)
-    with_nccl = ctx.backend == "cuda" and harness.gpu_count(ctx) >= ctx.world_size
+    with_nccl = ctx.platform.nccl_usable
     record = harness.new_record(ctx, "ccl", {k: v for k, v in vars(args).items() if k != "no_progress"})
     record["nccl_compared"] = with_nccl
     for size in harness.progress(harness.size_sweep(args.min_bytes, args.max_bytes, 4), ctx, args, "ccl"):
@@ -90,22 +91,19 @@ def run(ctx, args) -> dict:
 
 def report(record: dict, out: str) -> list[str]:
     """Write the JSON and the plot into ``out`` and print the table; returns the files written."""
-    files = [harness.write_results(record, out)]
-    print(harness.header(record))
     columns = [("collective", "collective", ""), ("impl", "impl", ""), ("bytes", "bytes", "d"),
                ("time_us", "time us", ".1f"), ("busbw_gbps", "busbw GB/s", ".4g")]
-    print(harness.table(record["rows"], columns))
-    png = plots.loglog(record, f"{out}/ccl.png", "collective", "impl", "bytes", "time_us", "bytes", "time (us)",
-                       f"trident collectives ({record['params']['dtype']})")
-    return files + ([png] if png else [])
+    return harness.write_report(record, out, columns, plots=[lambda: plots.loglog(
+        record, f"{out}/ccl.png", "collective", "impl", "bytes", "time_us", "bytes", "time (us)",
+        f"trident collectives ({record['params']['dtype']})")])
 
 
 def main(argv=None) -> int:
     """Run ``trident bench ccl`` on this rank (started once per rank by ``trident bench``); returns 0."""
     args = parse_args(argv)
-    if trident.config.BACKEND == "sim":
+    if SIMULATOR:
         sim_sizes(args)
-    heap = 8 * args.max_bytes + (256 << 20) if trident.config.BACKEND == "cuda" else 64 << 20
+    heap = 64 << 20 if SIMULATOR else 8 * args.max_bytes + (256 << 20)
     harness.run_benchmark(args, run, report, heap)
     return 0
 

@@ -11,7 +11,6 @@ once and the slowest counts.
     trident bench device-api --sizes-mib 256 1024 --out results/device_api
 
 Writes ``device_api_bandwidth.json`` and ``device_api_bandwidth.png`` into ``--out``.
-(``python benchmarks/device_api_bandwidth.py`` runs the same.)
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import triton.language as tl
 
 import trident
 
+from ..platform import SIMULATOR
 from . import harness, plots
 
 
@@ -134,7 +134,7 @@ def run(ctx, args) -> dict:
                 ctx.barrier()  # every rank measures at once; the slowest counts
                 ms = harness.max_over_ranks(ctx, harness.time_ms(ctx, launch, args.warmup, args.repeats))
                 if ms < best[0]:
-                    best = (ms, block, vector_width(compiled if ctx.backend == "cuda" else None))
+                    best = (ms, block, vector_width(None if ctx.platform.simulator else compiled))
             correct = bool(all(harness.all_values(ctx, torch.equal(x, y))))
             record["rows"].append({"variant": name, "bytes": size, "size": harness.human_bytes(size),
                                    "block": best[1], "ms": best[0], "gb_per_s": 2 * size / (best[0] * 1e-3) / 1e9,
@@ -149,28 +149,24 @@ def run(ctx, args) -> dict:
 
 def report(record: dict, out: str) -> list[str]:
     """Write the JSON and the bar chart into ``out``, print the table; returns the files written."""
-    files = [harness.write_results(record, out, "device_api_bandwidth")]
-    print(harness.header(record))
-    print(harness.table(record["rows"], [("variant", "variant", ""), ("size", "size", ""), ("block", "block", "d"),
-                                         ("ms", "ms", ".4f"), ("gb_per_s", "GB/s", ".4g"),
-                                         ("fraction_of_plain", "vs plain", ".1%"),
-                                         ("vector_access", "vector access", ""), ("correct", "ok", "")]))
-    png = plots.bars(record, f"{out}/device_api_bandwidth.png", "variant", "size", "gb_per_s",
-                     "GB/s (read + write)", "trident device API (peer == rank) vs a plain Triton copy")
-    files += [png] if png else []
-    if not record["all_correct"]:
-        print("ERROR: a variant copied wrong data", file=sys.stderr)
-    return files
+    columns = [("variant", "variant", ""), ("size", "size", ""), ("block", "block", "d"), ("ms", "ms", ".4f"),
+               ("gb_per_s", "GB/s", ".4g"), ("fraction_of_plain", "vs plain", ".1%"),
+               ("vector_access", "vector access", ""), ("correct", "ok", "")]
+    what = "trident device API (peer == rank) vs a plain Triton copy"
+    return harness.write_report(
+        record, out, columns, name="device_api_bandwidth", wrong="a variant copied wrong data",
+        plots=[lambda: plots.bars(record, f"{out}/device_api_bandwidth.png", "variant", "size", "gb_per_s",
+                                  "GB/s (read + write)", what)])
 
 
 def main(argv=None) -> int:
     """Run ``trident bench device-api`` on this rank; returns the exit code (1 if a copy was wrong)."""
     args = parse_args(argv)
-    if trident.config.BACKEND == "sim":
+    if SIMULATOR:
         sim_sizes(args)
     dtype_bytes = torch.tensor([], dtype=getattr(torch, args.dtype)).element_size()
     biggest = (max(args.sizes_kib) << 10) if getattr(args, "sizes_kib", None) else (max(args.sizes_mib) << 20)
-    heap = harness.heap_for(2 * biggest + 8 * max(args.blocks) * dtype_bytes, trident.config.BACKEND)
+    heap = harness.heap_for(2 * biggest + 8 * max(args.blocks) * dtype_bytes)
     record = harness.run_benchmark(args, run, report, heap)
     return 0 if record["all_correct"] else 1
 

@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from trident.ops.matmul import MatmulConfig, matmul, pick_config, sm_count
+from trident.ops import MatmulConfig, matmul, pick_config
 
 from . import harness, plots
 
@@ -104,7 +104,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run(ctx, args) -> dict:
     """torch.matmul, the table's config and (``--sweep``) the candidates on every shape; the record."""
     dtype = getattr(torch, args.dtype)
-    cuda, device = ctx.backend == "cuda", ctx.device
+    cuda, device = not ctx.platform.simulator, ctx.device
     if args.shapes:
         shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     else:
@@ -113,7 +113,7 @@ def run(ctx, args) -> dict:
         args.warmup, args.repeats = 1, 2
     rows = []
     for M, N, K in shapes:
-        table = pick_config(M, N, K, dtype, ctx.backend, sm_count(device))
+        table = pick_config(M, N, K, dtype, ctx.platform)
         configs = [table] + ([c for c in candidates(args.only) if c != table] if args.sweep and cuda else [])
         shape_rows = bench_shape(M, N, K, dtype, device, configs, args.warmup, args.repeats)
         shape_rows[1]["table_config"] = True
@@ -133,8 +133,6 @@ def run(ctx, args) -> dict:
 def report(record: dict, out: str) -> list[str]:
     """Write the JSON and ``gemm.png`` (TFLOP/s per shape: torch, the table's config, the sweep's
     best) into ``out``; returns the files written."""
-    files = [harness.write_results(record, out)]
-    print(harness.header(record))
     bars = []
     for shape in dict.fromkeys(tuple(r["shape"]) for r in record["rows"]):
         rows = [r for r in record["rows"] if tuple(r["shape"]) == shape and "ms" in r]
@@ -144,9 +142,9 @@ def report(record: dict, out: str) -> list[str]:
                  ("trident, table config", next((r for r in timed if r.get("table_config")), None)),
                  ("trident, best config", max(timed, key=lambda r: r["tflops"], default=None))]
         bars += [{"shape": label, "impl": name, "tflops": r["tflops"]} for name, r in picks if r is not None]
-    png = plots.bars(dict(record, rows=bars), os.path.join(out, "gemm.png"), "shape", "impl", "tflops",
-                     "TFLOP/s", "trident.ops.matmul against torch.matmul")
-    return files + ([png] if png else [])
+    return harness.write_report(record, out, None, plots=[lambda: plots.bars(
+        dict(record, rows=bars), os.path.join(out, "gemm.png"), "shape", "impl", "tflops", "TFLOP/s",
+        "trident.ops.matmul against torch.matmul")])
 
 
 def main(argv=None) -> int:

@@ -19,15 +19,13 @@ import sys
 import torch
 
 import trident
-from trident.ops import PATTERNS
-from trident.ops.common import shares_gpus
-from trident.ops.matmul import matmul
+from trident.ops import PATTERNS, matmul
 
+from ..platform import SIMULATOR
 from . import harness
-from .fused_ops import SIM_CONFIG, check_and_time, record_timeline, report, shape_rows
+from .fused_ops import SIM_SHAPES, check_and_time, record_timeline, report, shape_rows
 
 GPU_SHAPES = [(8192, 4608, 36864), (8192, 3584, 14336), (4096, 4096, 4096), (4096, 8192, 8192)]
-SIM_SHAPES = [(32, 32, 32)]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -48,19 +46,18 @@ def run(ctx, args) -> dict:
     dtype = getattr(torch, args.dtype)
     w = ctx.world_size
     shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes
-              else GPU_SHAPES if ctx.backend == "cuda" else SIM_SHAPES)
+              else SIM_SHAPES if ctx.platform.simulator else GPU_SHAPES)
     patterns = [p for p in args.patterns.split(",") if p]
-    with_baseline = not shares_gpus(ctx)  # NCCL needs a GPU per rank
-    config = None if ctx.backend == "cuda" else SIM_CONFIG
+    with_baseline = not ctx.platform.ranks_share_gpus  # the baseline's NCCL needs a GPU per rank
     record = harness.new_record(ctx, "gemm-all-scatter", {k: v for k, v in vars(args).items() if k != "no_progress"})
     for M, N, K in shapes:
         if N % w:
             raise SystemExit(f"shape {M}x{N}x{K}: N must be divisible by the {w} ranks")
-        record["rows"] += _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline, config)
+        record["rows"] += _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline)
     return record
 
 
-def _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline, config) -> list[dict]:
+def _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline) -> list[dict]:
     """Check, then time, the GEMM alone and every pattern on one shape (collective)."""
     n = N // ctx.world_size
     gen = torch.Generator(device=ctx.device).manual_seed(1)
@@ -69,29 +66,29 @@ def _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline, config) -> l
     B_local = B[:, ctx.rank * n:(ctx.rank + 1) * n].contiguous()
     want = torch.matmul(A, B)
     C, local = ctx.empty(M, N, dtype=dtype), torch.empty(M, n, device=ctx.device, dtype=dtype)
-    calls = {"gemm": lambda: matmul(A, B_local, out=local, config=config)}
+    calls = {"gemm": lambda: matmul(A, B_local, out=local)}
     for p in patterns:
         if p in ("baseline", "auto") and not with_baseline:
             continue
-        calls[p] = lambda p=p: trident.ops.gemm_all_scatter(ctx, A, B_local, C, pattern=p, config=config,
+        calls[p] = lambda p=p: trident.ops.gemm_all_scatter(ctx, A, B_local, C, pattern=p,
                                                             comm_programs=args.comm_programs)
     def on_call(name):  # --trace: one traced call of the pattern
         record_timeline(ctx, args, lambda trace: trident.ops.gemm_all_scatter(
-            ctx, A, B_local, C, pattern=name, config=config, comm_programs=args.comm_programs, trace=trace),
+            ctx, A, B_local, C, pattern=name, comm_programs=args.comm_programs, trace=trace),
             name, f"{M}x{N}x{K}")
 
     times = check_and_time(ctx, args, calls, C, want, f"{M}x{N}x{K}", on_call if args.trace else None)
     ctx.free(C)
     return shape_rows(f"{M}x{N}x{K}", 2.0 * M * N * K, times,
-                      trident.ops.choose_pattern(ctx, M, N, K) if "auto" in times else None)
+                      trident.ops.choose_pattern(ctx, "gemm_all_scatter", M, N, K) if "auto" in times else None)
 
 
 def main(argv=None) -> int:
     """``trident bench gemm-all-scatter``: parse ``argv``, run, write the results (rank 0); returns the exit code."""
     args = parse_args(argv)
-    if trident.config.BACKEND == "sim":
+    if SIMULATOR:
         args.repeats, args.warmup = 2, 1
-    harness.run_benchmark(args, run, report, (8 << 30) if trident.config.BACKEND == "cuda" else 64 << 20)
+    harness.run_benchmark(args, run, report, (64 << 20) if SIMULATOR else 8 << 30)
     return 0
 
 

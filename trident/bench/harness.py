@@ -22,7 +22,7 @@ import argparse
 import datetime
 import json
 import os
-import platform
+import platform as pyplatform
 import shlex
 import statistics
 import sys
@@ -30,6 +30,8 @@ import time
 from typing import NamedTuple
 
 import torch
+
+from ..platform import SIMULATOR
 
 # NVLink multicast (NVLS) must never be used on the shared multi-GPU hosts (it can take a host's
 # GPUs out of service): the NCCL reference lines run with it off. NCCL reads this when its first
@@ -59,7 +61,7 @@ def time_ms(ctx, fn, warmup: int, repeats: int) -> float:
     """Median milliseconds of one ``fn()`` call on this rank.
 
     Args:
-        ctx: the trident context (its backend picks device events or the host clock).
+        ctx: the trident context (``ctx.platform.timing_device`` picks device events or the host clock).
         fn: what to time; it launches device work (it need not wait for it).
         warmup: untimed calls first.
         repeats: timed calls (at least 1).
@@ -71,11 +73,11 @@ def time_ms(ctx, fn, warmup: int, repeats: int) -> float:
 
         ms = time_ms(ctx, lambda: kernel[grid](x, y, n), warmup=3, repeats=10)
     """
-    return time_on(ctx.device if ctx.backend == "cuda" else "cpu", fn, warmup, repeats)
+    return time_on(ctx.platform.timing_device, fn, warmup, repeats)
 
 
 def time_on(device: torch.device, fn, warmup: int, repeats: int) -> float:
-    """:func:`time_ms` without a context: CUDA events when ``device`` is a GPU, else the host clock.
+    """:func:`time_ms` without a context: CUDA events on a GPU, the host clock on the CPU.
 
     Example::
 
@@ -87,6 +89,8 @@ def time_on(device: torch.device, fn, warmup: int, repeats: int) -> float:
 #: GPU cycles the stream sleeps before each timed call: about 1 ms at an H200's clock, far more
 #: than the host needs to queue any call benchmarked here.
 SLEEP_CYCLES = 2_000_000
+#: The timing device that means "the host clock" (:func:`measure`).
+HOST = torch.device("cpu")
 
 
 class Timing(NamedTuple):
@@ -99,6 +103,9 @@ class Timing(NamedTuple):
 
 def measure(device: torch.device, fn, warmup: int, repeats: int) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then the medians of ``repeats`` timed ones.
+
+    ``device`` is where the timer runs (``ctx.platform.timing_device``): a GPU is timed with CUDA
+    events, the CPU (the simulator's kernels run there) with the host clock.
 
     On a GPU each timed call runs after a sleep kernel (:data:`SLEEP_CYCLES`) on the current
     stream: the host queues the start event, the call and the end event while the GPU sleeps,
@@ -113,7 +120,7 @@ def measure(device: torch.device, fn, warmup: int, repeats: int) -> Timing:
     for _ in range(warmup):
         fn()
     device_samples, host_samples = [], []
-    cuda = torch.device(device).type == "cuda"
+    cuda = torch.device(device) != HOST
     if cuda:
         torch.cuda.synchronize(device)
     for _ in range(max(repeats, 1)):
@@ -145,14 +152,10 @@ def max_over_ranks(ctx, value: float) -> float:
     return max(all_values(ctx, value))
 
 
-def gpu_count(ctx) -> int:
-    """GPUs visible to this process (0 in the simulator)."""
-    return torch.cuda.device_count() if ctx.backend == "cuda" else 0
-
-
-def shares_gpus(ctx) -> bool:
-    """True when this run is not a performance figure: simulator, or more ranks than GPUs."""
-    return ctx.backend != "cuda" or gpu_count(ctx) < ctx.world_size
+def synchronize(ctx) -> None:
+    """Wait until this rank's queued device work has finished (in the simulator it already has)."""
+    if not ctx.platform.simulator:
+        torch.cuda.synchronize(ctx.device)
 
 
 def metadata(ctx, argv=None) -> dict:
@@ -166,23 +169,21 @@ def metadata(ctx, argv=None) -> dict:
 
     import trident
 
-    from .topology import driver_version
+    from ..topology import driver_version
 
-    gpus = gpu_count(ctx)
+    p = ctx.platform
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
     meta = {
         "date": ctx.broadcast(now if ctx.rank == 0 else None),  # rank 0's: every rank's record is the same
         # `trident bench` passes the user's command line; a rank's own argv is only the module's.
         "command": os.environ.get("TRIDENT_BENCH_COMMAND") or " ".join(
             shlex.quote(a) for a in (argv if argv is not None else sys.argv)),
-        "host": platform.node(), "backend": ctx.backend, "world_size": ctx.world_size, "gpus": gpus,
-        "ranks_share_gpus": ctx.backend == "cuda" and gpus < ctx.world_size,
-        "gpu": torch.cuda.get_device_name(ctx.device) if ctx.backend == "cuda" else "cpu (simulator)",
-        "sm_count": torch.cuda.get_device_properties(ctx.device).multi_processor_count if ctx.backend == "cuda"
-        else None,
-        "driver": driver_version() if ctx.backend == "cuda" else None,
+        "host": pyplatform.node(), "backend": p.backend, "world_size": ctx.world_size, "gpus": p.gpus_visible,
+        "ranks_share_gpus": p.ranks_share_gpus, "gpu": p.gpu_name,
+        "sm_count": None if p.simulator else p.sm_count,  # the simulator's stand-in count is no hardware
+        "driver": None if p.simulator else driver_version(),
         "cuda": torch.version.cuda, "torch": torch.__version__, "triton": triton.__version__,
-        "trident": trident.__version__, "python": platform.python_version(), "heap_size": ctx.heap_size,
+        "trident": trident.__version__, "python": pyplatform.python_version(), "heap_size": ctx.heap_size,
     }
     return meta
 
@@ -190,10 +191,11 @@ def metadata(ctx, argv=None) -> dict:
 def new_record(ctx, benchmark: str, params: dict, argv=None) -> dict:
     """A results record with the schema's fixed fields; add ``rows`` (and extras) to it.
 
-    ``performance_figure`` is false, with a ``note`` saying why, when ranks share GPUs or run in
-    the simulator: such numbers check correctness and the harness, never link bandwidth.
+    ``performance_figure`` (``ctx.platform.performance_figure``) is false, with a ``note`` saying
+    why, when ranks share GPUs or run in the simulator: such numbers check correctness and the
+    harness, never link bandwidth.
     """
-    perf = not shares_gpus(ctx)
+    perf = ctx.platform.performance_figure
     return {"schema": SCHEMA, "benchmark": benchmark, "meta": metadata(ctx, argv), "params": dict(params),
             "performance_figure": perf, "note": "" if perf else SHARED_NOTE, "rows": []}
 
@@ -264,6 +266,33 @@ def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def write_report(record: dict, out: str, columns: list[tuple[str, str, str]] | None, *, rows: list[dict] | None = None,
+                 plots=(), name: str | None = None, wrong: str = "some measurements are wrong") -> list[str]:
+    """The end of every benchmark's ``report``: write the record, show it, draw its plots.
+
+    Writes ``OUT/NAME.json`` (:func:`write_results`), prints the :func:`header` and, with
+    ``columns``, the :func:`table` of ``rows`` (default: the record's), then calls each of
+    ``plots`` (no arguments; each returns the PNG it wrote, or None without matplotlib). When the
+    record has ``all_correct`` and it is false, ``ERROR: {wrong}`` goes to stderr.
+
+    Returns:
+        The files written, the JSON first.
+
+    Example::
+
+        return harness.write_report(record, out, [("op", "op", ""), ("gbps", "GB/s", ".4g")],
+                                    plots=[lambda: plots.heatmaps(record, f"{out}/p2p.png", ops, "value", unit)])
+    """
+    files = [write_results(record, out, name)]
+    print(header(record))
+    if columns:
+        print(table(record["rows"] if rows is None else rows, columns))
+    files += [path for draw in plots if (path := draw())]
+    if not record.get("all_correct", True):
+        print(f"ERROR: {wrong}", file=sys.stderr)
+    return files
+
+
 def progress(iterable, ctx, args, desc: str, total: int | None = None):
     """``iterable`` wrapped in a tqdm progress bar on rank 0 of an interactive terminal, else as is."""
     if ctx.rank != 0 or getattr(args, "no_progress", False):
@@ -281,7 +310,7 @@ def run_benchmark(args, run, report, heap_size: int) -> dict:
 
     Example::
 
-        record = harness.run_benchmark(args, run, report, harness.heap_for(2 * args.bytes, trident.config.BACKEND))
+        record = harness.run_benchmark(args, run, report, harness.heap_for(2 * args.bytes))
     """
     import trident
 
@@ -295,10 +324,14 @@ def run_benchmark(args, run, report, heap_size: int) -> dict:
     return record
 
 
-def heap_for(nbytes: int, backend: str) -> int:
-    """A heap size holding ``nbytes`` of benchmark buffers plus room for trident's own (sim: capped)."""
+def heap_for(nbytes: int) -> int:
+    """A heap size holding ``nbytes`` of benchmark buffers plus room for trident's own.
+
+    Called before ``trident.init`` (the heap size is an argument of it), so it asks
+    :data:`trident.platform.SIMULATOR`: the simulator's heap is host memory and is capped.
+    """
     need = int(nbytes) + (64 << 20)
-    return min(need, 256 << 20) if backend == "sim" else need
+    return min(need, 256 << 20) if SIMULATOR else need
 
 
 def human_bytes(n: int) -> str:

@@ -23,6 +23,7 @@ import triton.language as tl
 
 import trident
 
+from ..platform import SIMULATOR
 from . import harness, plots
 
 MEMORY_OPS = ("load", "store", "get", "put")
@@ -106,8 +107,7 @@ def _measure(ctx, args, op, peer, bufs) -> dict:
         fn = lambda: p2p_atomic_kernel[grid](c, ctx.rank + 1, ctx.rank, peer, ctx.heap_bases, OP=op, SEM=args.sem,
                                              BLOCK=args.block, num_warps=args.num_warps)
     ms = harness.time_ms(ctx, fn, args.warmup, args.repeats)
-    if ctx.backend == "cuda":
-        torch.cuda.synchronize(ctx.device)
+    harness.synchronize(ctx)
     if op in ("load", "get"):  # peer's x landed in my y
         ok = torch.equal(y, ctx.peer_view(x, peer).to(ctx.device))
     elif op in ("store", "put"):  # my x landed in peer's y
@@ -160,27 +160,22 @@ def unit(op: str) -> str:
 
 def report(record: dict, out: str) -> list[str]:
     """Write the JSON and the heatmaps into ``out``, print the table; returns the files written."""
-    files = [harness.write_results(record, out)]
-    print(harness.header(record))
-    print(harness.table(record["rows"], [("op", "op", ""), ("rank", "rank", "d"), ("peer", "peer", "d"),
-                                         ("grid", "programs", "d"), ("ms", "ms", ".4f"), ("gbps", "GB/s", ".4g"),
-                                         ("mops", "Mops/s", ".4g"), ("correct", "ok", "")]))
+    columns = [("op", "op", ""), ("rank", "rank", "d"), ("peer", "peer", "d"), ("grid", "programs", "d"),
+               ("ms", "ms", ".4f"), ("gbps", "GB/s", ".4g"), ("mops", "Mops/s", ".4g"), ("correct", "ok", "")]
     ops = list(dict.fromkeys(r["op"] for r in record["rows"]))
-    png = plots.heatmaps(record, f"{out}/p2p.png", ops, "value", unit)
-    files += [png] if png else []
-    if not record["all_correct"]:
-        print("ERROR: some measurements moved wrong data (see 'ok')", file=sys.stderr)
-    return files
+    return harness.write_report(record, out, columns,
+                                plots=[lambda: plots.heatmaps(record, f"{out}/p2p.png", ops, "value", unit)],
+                                wrong="some measurements moved wrong data (see 'ok')")
 
 
 def main(argv=None) -> int:
     """Run ``trident bench p2p`` on this rank (started once per rank by ``trident bench``); returns the exit code."""
     args = parse_args(argv)
-    if trident.config.BACKEND == "sim":
+    if SIMULATOR:
         sim_sizes(args)
     dtype_bytes = torch.tensor([], dtype=getattr(torch, args.dtype)).element_size()
     heap = 2 * args.bytes + 4 * args.atomic_elems + 8 * args.block * dtype_bytes
-    record = harness.run_benchmark(args, run, report, harness.heap_for(heap, trident.config.BACKEND))
+    record = harness.run_benchmark(args, run, report, harness.heap_for(heap))
     return 0 if record["all_correct"] else 1
 
 

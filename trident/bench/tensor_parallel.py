@@ -17,23 +17,20 @@ Output as ``bench gemm-all-scatter``: JSON, table, speedup and breakdown PNGs, a
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 import torch
 
 import trident
-from trident.ops import OP_PATTERNS
-from trident.ops.common import auto_pattern, shares_gpus
-from trident.ops.matmul import matmul
+from trident.ops import OP_PATTERNS, matmul
 
+from ..platform import SIMULATOR
 from . import harness
-from .fused_ops import SIM_CONFIG, check_and_time, record_timeline, report, shape_rows
+from .fused_ops import SIM_SHAPES, check_and_time, record_timeline, report, shape_rows
 
 OPS = ("all_gather_gemm", "gemm_reduce_scatter")
 GPU_SHAPES = {"all_gather_gemm": [(8192, 3584, 8192), (4096, 4096, 4096)],
               "gemm_reduce_scatter": [(8192, 8192, 3584), (4096, 4096, 4096)]}
-SIM_SHAPES = [(32, 32, 32)]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -73,48 +70,46 @@ def run(ctx, args) -> dict:
     dtype = getattr(torch, args.dtype)
     op = getattr(trident.ops, args.op)
     shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes
-              else GPU_SHAPES[args.op] if ctx.backend == "cuda" else SIM_SHAPES)
+              else SIM_SHAPES if ctx.platform.simulator else GPU_SHAPES[args.op])
     patterns = [p for p in (args.patterns or ",".join(OP_PATTERNS[args.op])).split(",") if p]
-    with_baseline = not shares_gpus(ctx)  # NCCL needs a GPU per rank
-    config = None if ctx.backend == "cuda" else SIM_CONFIG
+    with_baseline = not ctx.platform.ranks_share_gpus  # the baseline's NCCL needs a GPU per rank
     record = harness.new_record(ctx, args.op.replace("_", "-"),
                                 {k: v for k, v in vars(args).items() if k != "no_progress"})
     for M, N, K in shapes:
         if M % ctx.world_size:
             raise SystemExit(f"shape {M}x{N}x{K}: M must be divisible by the {ctx.world_size} ranks")
-        record["rows"] += _shape_rows(ctx, args, op, M, N, K, dtype, patterns, with_baseline, config)
+        record["rows"] += _shape_rows(ctx, args, op, M, N, K, dtype, patterns, with_baseline)
     return record
 
 
-def _shape_rows(ctx, args, op, M, N, K, dtype, patterns, with_baseline, config) -> list[dict]:
+def _shape_rows(ctx, args, op, M, N, K, dtype, patterns, with_baseline) -> list[dict]:
     """Check, then time, the GEMM alone and every pattern on one shape (collective)."""
     inputs, out, (A, B), want = _operands(ctx, args.op, M, N, K, dtype)
     reference = torch.empty(M, N, device=ctx.device, dtype=dtype)
-    calls = {"gemm": lambda: matmul(A, B, out=reference, config=config)}
+    calls = {"gemm": lambda: matmul(A, B, out=reference)}
     for p in patterns:
         if p in ("baseline", "auto") and not with_baseline:
             continue
-        calls[p] = lambda p=p: op(ctx, *inputs, out, pattern=p, config=config, comm_programs=args.comm_programs)
+        calls[p] = lambda p=p: op(ctx, *inputs, out, pattern=p, comm_programs=args.comm_programs)
 
     def on_call(name):  # --trace: one traced call of the pattern
-        record_timeline(ctx, args, lambda trace: op(ctx, *inputs, out, pattern=name, config=config,
+        record_timeline(ctx, args, lambda trace: op(ctx, *inputs, out, pattern=name,
                                                     comm_programs=args.comm_programs, trace=trace),
                         name, f"{M}x{N}x{K}")
 
     times = check_and_time(ctx, args, calls, out, want, f"{M}x{N}x{K}", on_call if args.trace else None)
-    chosen = auto_pattern(ctx, importlib.import_module(f"trident.ops.{args.op}").AUTO_TABLE, M * N * K,
-                          shared="fused_sequential")
-    return shape_rows(f"{M}x{N}x{K}", 2.0 * M * N * K, times, chosen)
+    return shape_rows(f"{M}x{N}x{K}", 2.0 * M * N * K, times,
+                      trident.ops.choose_pattern(ctx, args.op, M, N, K) if "auto" in times else None)
 
 
 def main(argv=None) -> int:
     """``trident bench all-gather-gemm|gemm-reduce-scatter``: parse ``argv``, run, write the results (rank 0)."""
     args = parse_args(argv)
-    if trident.config.BACKEND == "sim":
+    if SIMULATOR:
         args.repeats, args.warmup = 2, 1
     what = {"all_gather_gemm": "all-gather + GEMM", "gemm_reduce_scatter": "GEMM + reduce-scatter"}[args.op]
     harness.run_benchmark(args, run, lambda record, out: report(record, out, args.op, what),
-                          (8 << 30) if trident.config.BACKEND == "cuda" else 64 << 20)
+                          (64 << 20) if SIMULATOR else 8 << 30)
     return 0
 
 
