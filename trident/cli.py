@@ -1,84 +1,26 @@
-"""The ``trident`` command: ``trident run -n N script.py [args]``, ``trident bench NAME`` and ``trident info``."""
+"""The ``trident`` command (also ``python -m trident``).
+
+* ``trident run -n N [--grace S] script.py [args]`` or ``trident run -n N -m module [args]``: the
+  script once per rank, with torchrun's environment (see :mod:`trident.runtime.launcher` for what
+  happens to failures, signals and output). Every word after the script or module goes to it as
+  it is, a ``--`` included (argparse's REMAINDER rule); a ``--`` before the script ends the
+  launcher's own options.
+* ``trident bench NAME [-n N] [args]``: a benchmark on N ranks; ``trident bench suite NAME [--out DIR]
+  [--budget S] [--list]``: a named set of benchmarks, driven from this one process.
+* ``trident info [--json]``: the backend, versions, GPUs and the links between them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
-import threading
-import time
 from typing import NamedTuple
 
-from .runtime.launch import rank_environment
-from .runtime.rendezvous import free_port
+from .runtime.launcher import DEFAULT_GRACE, run
 
-
-def _forward_lines(pipe, lock: threading.Lock) -> None:
-    """Copy a rank's stdout to ours a whole line at a time: ranks writing at once never split
-    each other's lines (unbuffered Python writes a line's text and its newline separately)."""
-    out = getattr(sys.stdout, "buffer", None)
-    for line in iter(pipe.readline, b""):
-        with lock:
-            if out is not None:
-                out.write(line)
-            else:
-                sys.stdout.write(line.decode(errors="replace"))
-            sys.stdout.flush()
-    pipe.close()
-
-
-def run(nprocs: int, command: list[str], grace: float = 10.0) -> int:
-    """Start ``command`` once per rank with torchrun's environment; return the job's exit code.
-
-    Every rank's stdout is forwarded line by line (whole lines, never interleaved mid-line);
-    stderr is shared as is (progress bars redraw there). When a rank fails, the others get
-    SIGTERM after ``grace`` seconds (they usually fail on their own first, with an error naming
-    the lost rank), then SIGKILL.
-    """
-    port = free_port()
-    procs, forwarders, lock = [], [], threading.Lock()
-    sys.stdout.flush()
-    for rank in range(nprocs):
-        env = dict(os.environ, **rank_environment(rank, nprocs, port))
-        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE))
-        forwarders.append(threading.Thread(target=_forward_lines, args=(procs[-1].stdout, lock), daemon=True))
-        forwarders[-1].start()
-    failed_at = None
-    code = 0
-    try:
-        while any(p.poll() is None for p in procs):
-            bad = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
-            if bad and failed_at is None:
-                failed_at = time.monotonic()
-                code = bad[0][1]
-                print(f"trident run: rank {bad[0][0]} exited with code {code}", file=sys.stderr)
-            if failed_at is not None and time.monotonic() - failed_at > grace:
-                for p in procs:
-                    if p.poll() is None:
-                        p.send_signal(signal.SIGTERM)
-                failed_at = float("inf")
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        for p in procs:
-            p.send_signal(signal.SIGINT)
-    finally:
-        for p in procs:
-            try:
-                p.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        for thread in forwarders:  # the ranks' last lines
-            thread.join(timeout=grace)
-    if code == 0:
-        code = next((p.returncode for p in procs if p.returncode != 0), 0)
-        for rank, p in enumerate(procs):
-            if p.returncode != 0:
-                print(f"trident run: rank {rank} exited with code {p.returncode}", file=sys.stderr)
-                break
-    return code if code >= 0 else 128 - code
+__all__ = ["BENCHMARKS", "Bench", "info", "main", "run", "split_run_argv"]
 
 
 def info(as_json: bool = False) -> int:
@@ -89,9 +31,10 @@ def info(as_json: bool = False) -> int:
     """
     import json
 
-    from .bench.topology import system_info
+    from . import __version__, topology
+    from .runtime.context import DEFAULT_HEAP_SIZE
 
-    facts = system_info()
+    facts = topology.system_info(default_heap_size=DEFAULT_HEAP_SIZE, version=__version__)
     if as_json:
         print(json.dumps(facts, indent=2))
         return 0
@@ -145,55 +88,137 @@ BENCHMARKS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``trident`` command (and ``python -m trident``); returns the exit code."""
-    parser = argparse.ArgumentParser(prog="trident", description=__doc__)
+#: ``trident bench suite``'s line in ``trident bench --help`` (the suite is no one-module benchmark).
+_SUITE_HELP = "a named set of benchmarks, one after another: trident bench suite NAME [--out DIR] " \
+              "[--budget S]; --list names the suites"
+
+_RUN_USAGE = "trident run [-h] -n NPROC [--grace S] (script.py | -m MODULE) [args ...]"
+_RUN_HELP = """\
+Runs the script (or module) once per rank with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT, ...). Every word after the script goes to it verbatim, a -- included.
+
+The first rank to fail is named, and its exit code is the job's (128 + N for signal N); ranks still
+running --grace seconds later get SIGTERM, then SIGKILL. Ctrl-C or SIGTERM to the launcher reaches
+each rank once (ranks run in their own sessions), and what still runs --grace seconds later is
+killed. Each rank's stdout is forwarded a whole line at a time; ranks run with PYTHONUNBUFFERED=1
+unless it is set."""
+
+
+def split_run_argv(words: list[str]) -> tuple[list[str], list[str]]:
+    """Split the words after ``trident run`` into the launcher's and the script's.
+
+    The launcher's options (``-n``, ``--grace``, ``-h``) come first; the first other word is the
+    script, or ``-m MODULE``, and every word after it belongs to the script, verbatim (``--`` and
+    ``-n`` included). A ``--`` before the script ends the launcher's options.
+
+    Example::
+
+        split_run_argv(["-n", "2", "-m", "pkg.mod", "--", "-n", "3"])
+        # (["-n", "2", "-m", "pkg.mod"], ["--", "-n", "3"])
+    """
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in ("-n", "--nproc", "--grace"):
+            i += 2
+        elif word in ("-h", "--help") or word.startswith(("--nproc=", "--grace=")) or (
+                word.startswith("-n") and len(word) > 2):
+            i += 1
+        elif word in ("--", "-m"):
+            return words[:i + 2], words[i + 2:]
+        else:  # the script, -mMODULE, or an option that argparse will reject
+            return words[:i + 1], words[i + 1:]
+    return words, []
+
+
+def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The ``trident`` parser and its ``run`` and ``bench`` subparsers."""
+    parser = argparse.ArgumentParser(prog="trident", description="Run a script once per rank, run benchmarks, "
+                                                                 "describe this machine's GPUs.")
     sub = parser.add_subparsers(dest="command", required=True)
-    run_p = sub.add_parser("run", help="run a script once per rank (like torchrun --standalone)")
+    run_p = sub.add_parser("run", help="run a script once per rank (like torchrun --standalone)", usage=_RUN_USAGE,
+                           allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description=_RUN_HELP)
     run_p.add_argument("-n", "--nproc", type=int, required=True, help="number of ranks")
-    run_p.add_argument("script", help="a Python script, or -m module")
-    run_p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    run_p.add_argument("--grace", type=float, default=DEFAULT_GRACE, metavar="S",
+                       help=f"seconds from a rank's failure (or a signal) to SIGTERM, and from SIGTERM to SIGKILL, "
+                            f"for the ranks still running (default {DEFAULT_GRACE:g})")
+    run_p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m does")
+    run_p.add_argument("script", nargs="?", help="a Python script")
+    run_p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script or module, passed on "
+                                                              "verbatim (a -- too)")
     info_p = sub.add_parser("info", help="print the backend, versions, GPUs and the links between them")
     info_p.add_argument("--json", action="store_true", help="print as JSON")
-    bench_p = sub.add_parser("bench", help="run a benchmark on N ranks: " + ", ".join(BENCHMARKS),
+    names = [*BENCHMARKS, "suite"]
+    width = max(map(len, names)) + 2
+    lines = [f"  {k:<{width}}{b.help} (default -n {b.ranks})" for k, b in BENCHMARKS.items()]
+    bench_p = sub.add_parser("bench", help="run a benchmark on N ranks: " + ", ".join(names),
                              formatter_class=argparse.RawDescriptionHelpFormatter,
-                             epilog="benchmarks:\n" + "\n".join(f"  {k:<18}{b.help} (default -n {b.ranks})"
-                                                                for k, b in BENCHMARKS.items()))
-    bench_p.add_argument("name", choices=list(BENCHMARKS))
+                             epilog="\n".join(["benchmarks:", *lines, f"  {'suite':<{width}}{_SUITE_HELP}"]))
+    bench_p.add_argument("name", choices=names)
     bench_p.add_argument("-n", "--nproc", type=int, default=None,
                          help="number of ranks (default: the benchmark's, listed below)")
     bench_p.add_argument("args", nargs="*", help="arguments for the benchmark (see `trident bench NAME --help`)")
+    return parser, run_p, bench_p
+
+
+def _suite(argv: list[str]) -> int:
+    """``trident bench suite ...``: the suite runs here, once; it starts each benchmark's ranks itself."""
+    from .bench import suite
+
+    return suite.main(argv)
+
+
+def _run_command(run_p: argparse.ArgumentParser, words: list[str]) -> int:
+    """``trident run WORDS``."""
+    head, script_args = split_run_argv(words)
+    ns = run_p.parse_args(head)
+    if ns.nproc < 1:
+        run_p.error(f"-n must be at least 1, got {ns.nproc}")
+    if ns.grace < 0:
+        run_p.error(f"--grace must be at least 0, got {ns.grace:g}")
+    if ns.module is not None:
+        command = [sys.executable, "-m", ns.module, *script_args]
+    elif ns.script is not None:
+        if not os.path.exists(ns.script):
+            run_p.error(f"no such script: {ns.script}")
+        command = [sys.executable, ns.script, *script_args]
+    else:
+        run_p.error("missing the script to run (or -m MODULE)")
+    return run(ns.nproc, command, grace=ns.grace)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``trident`` command (and ``python -m trident``); returns the exit code."""
+    parser, run_p, bench_p = _parsers()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # split by hand: argparse cannot tell `-m module` or a script's `--` from its own
+        return _run_command(run_p, argv[1:])
+    if argv[:2] == ["bench", "suite"]:  # the suite's arguments are the suite's, verbatim
+        return _suite(argv[2:])
     if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCHMARKS and {"-h", "--help"} & set(argv[2:]):
         bench = BENCHMARKS[argv[1]]  # the benchmark's own help, from one process
         return subprocess.call([sys.executable, "-m", bench.module, *bench.args, "--help"])
     ns, extra = parser.parse_known_args(argv)
-    if ns.command == "bench":
-        ns.args += extra
-    elif extra:
-        if ns.command != "run":
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        ns.args += extra
+    if ns.command != "bench" and extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if ns.command == "info":
         return info(ns.json)
-    if ns.command == "bench":
-        bench = BENCHMARKS[ns.name]
-        nproc = bench.ranks if ns.nproc is None else ns.nproc
-        if nproc < 1:
-            parser.error(f"-n must be at least 1, got {nproc}")
+    ns.args += extra
+    if ns.name == "suite":  # `trident bench -n N suite ...`: the suite picks each benchmark's ranks
+        if ns.nproc is not None:
+            bench_p.error("trident bench suite takes no -n: each benchmark in it runs on its own ranks")
+        return _suite(ns.args)
+    bench = BENCHMARKS[ns.name]
+    nproc = bench.ranks if ns.nproc is None else ns.nproc
+    if nproc < 1:
+        bench_p.error(f"-n must be at least 1, got {nproc}")
+    env = {
         # The benchmark records the command the user typed (its ranks only see `python -m module`).
-        os.environ["TRIDENT_BENCH_COMMAND"] = " ".join(["trident", "bench", ns.name, "-n", str(nproc), *ns.args])
-        os.environ["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast (see trident/bench/harness.py)
-        return run(nproc, [sys.executable, "-m", bench.module, *bench.args, *ns.args])
-    if ns.nproc < 1:
-        parser.error(f"-n must be at least 1, got {ns.nproc}")
-    if ns.script == "-m":
-        command = [sys.executable, "-m", *ns.args]
-    else:
-        if not os.path.exists(ns.script):
-            parser.error(f"no such script: {ns.script}")
-        command = [sys.executable, ns.script, *ns.args]
-    return run(ns.nproc, command)
+        "TRIDENT_BENCH_COMMAND": " ".join(["trident", "bench", ns.name, "-n", str(nproc), *ns.args]),
+        "NCCL_NVLS_ENABLE": "0",  # never NVLink multicast (see trident/bench/harness.py)
+    }
+    return run(nproc, [sys.executable, "-m", bench.module, *bench.args, *ns.args], env=env)
 
 
 if __name__ == "__main__":

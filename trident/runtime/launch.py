@@ -1,6 +1,6 @@
 """Starting one process per rank: :func:`spawn` for tests and notebooks.
 
-The command-line launcher (``trident run``) lives in ``trident.cli``; both set the variables
+The command-line launcher (``trident run``) lives in :mod:`trident.runtime.launcher`; both set the variables
 torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so
 the same script runs under torchrun, ``trident run`` and :func:`spawn`.
 """
@@ -10,15 +10,19 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import queue
+import signal
 import time
 import traceback
+from multiprocessing.reduction import ForkingPickler
 
 from ..errors import TridentError
 from .rendezvous import free_port
 
 
 class SpawnError(TridentError):
-    """A rank started by :func:`spawn` raised or died; the message holds its traceback."""
+    """A rank started by :func:`spawn` failed: it raised (the message holds its traceback), died,
+    exited without a result, or returned one that cannot be pickled; the message names the rank."""
 
 
 def rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
@@ -29,16 +33,65 @@ def rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
     }
 
 
+def describe_exit(returncode: int) -> str:
+    """How a process ended, from its return code (negative: the signal that killed it):
+    ``"exited with code 5"`` or ``"was killed by SIGSEGV"``."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"was killed by signal {-returncode}"
+
+
 def _child(rank: int, world_size: int, port: int, payload: bytes, results) -> None:
+    """One rank of :func:`spawn`: puts ``(rank, True, pickled result)`` or ``(rank, False, why)``."""
     os.environ.update(rank_environment(rank, world_size, port))
     try:
         import trident  # noqa: F401  (before the user's module: sets TRITON_INTERPRET for the simulator)
 
         fn, args = pickle.loads(payload)
-        results.put((rank, True, fn(rank, *args)))
+        value = fn(rank, *args)
     except BaseException:
-        results.put((rank, False, traceback.format_exc()))
+        results.put((rank, False, f"rank {rank} raised:\n{traceback.format_exc()}"))
         raise SystemExit(1) from None
+    try:
+        # Pickled here (as the queue would), not by the queue: the queue pickles in a background
+        # thread, where a failure is printed and the result dropped, and the parent waits forever.
+        data = bytes(ForkingPickler.dumps(value))
+    except Exception as exc:
+        results.put((rank, False, f"rank {rank} returned an object that cannot be pickled: "
+                                  f"{type(value).__name__} ({type(exc).__name__}: {exc}); return plain "
+                                  f"data (e.g. tensor.cpu().clone(), not a heap tensor or the context)"))
+        raise SystemExit(1) from None
+    results.put((rank, True, data))
+
+
+def _take(outputs: dict, rank: int, ok: bool, value) -> None:
+    """Record one rank's message from :func:`_child`; a failure raises :class:`SpawnError`."""
+    if not ok:
+        raise SpawnError(value)
+    try:
+        outputs[rank] = ForkingPickler.loads(value)
+    except Exception as exc:
+        raise SpawnError(f"rank {rank} returned an object that cannot be unpickled here: "
+                         f"{type(exc).__name__}: {exc}") from None
+
+
+def _check_exits(procs: list, outputs: dict, results) -> None:
+    """Raise :class:`SpawnError` for a rank that exited without a result, whatever its exit code."""
+    for rank, proc in enumerate(procs):
+        if proc.exitcode is None or rank in outputs:
+            continue
+        # A rank's message is in the pipe before it exits (its queue's thread is joined at exit),
+        # so anything left there now was sent: read it before blaming the rank.
+        while True:
+            try:
+                _take(outputs, *results.get(timeout=0.05))
+            except queue.Empty:
+                break
+        if rank not in outputs:
+            raise SpawnError(f"rank {rank} {describe_exit(proc.exitcode)} without returning a result")
 
 
 def spawn(fn, world_size: int, args: tuple = (), *, timeout: float | None = None) -> list:
@@ -57,7 +110,10 @@ def spawn(fn, world_size: int, args: tuple = (), *, timeout: float | None = None
         ``[fn's return value on rank 0, on rank 1, ...]``.
 
     Raises:
-        SpawnError: a rank raised or died; the other ranks are stopped.
+        SpawnError: a rank raised, died, exited without returning (``os._exit``), returned
+            something that cannot be pickled (a heap tensor, the context: return plain data), or
+            ``timeout`` passed; the message names the rank and what happened, and the other ranks
+            are stopped.
 
     Example::
 
@@ -83,18 +139,13 @@ def spawn(fn, world_size: int, args: tuple = (), *, timeout: float | None = None
         while len(outputs) < world_size:
             try:
                 rank, ok, value = results.get(timeout=0.2)
-            except Exception:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in outputs]
-                if dead:
-                    raise SpawnError(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} "
-                                     f"before returning") from None
+            except queue.Empty:
+                _check_exits(procs, outputs, results)
                 if deadline is not None and time.monotonic() > deadline:
                     missing = sorted(set(range(world_size)) - set(outputs))
                     raise SpawnError(f"timed out after {timeout} s waiting for ranks {missing}") from None
                 continue
-            if not ok:
-                raise SpawnError(f"rank {rank} raised:\n{value}")
-            outputs[rank] = value
+            _take(outputs, rank, ok, value)
     finally:
         finished = len(outputs) == world_size
         for p in procs:

@@ -1,0 +1,343 @@
+"""The launchers: ``trident run`` (failures, signals, output, arguments), ``trident bench suite``,
+``trident info`` and :func:`trident.spawn`'s errors.
+
+The ranks here are tiny scripts written to ``tmp_path`` that never import torch or trident (the
+launcher runs any command), so each test takes a second or two. ``cli.run`` runs in this process
+where it can; the tests that signal or close the launcher's stdout start it as ``python -m trident``.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import trident
+from trident import cli
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _script(tmp_path, name, body, head=""):
+    path = tmp_path / name
+    path.write_text(head + textwrap.dedent(body))
+    return str(path)
+
+
+def _alive(pid):
+    """Whether ``pid`` runs (a zombie counts as gone: it has exited, only its parent has not reaped it)."""
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+
+
+def _pids(tmp_path, world):
+    """The pids the ranks wrote to ``pid<rank>`` (a rank writes its file once it is ready)."""
+    return [int((tmp_path / f"pid{r}").read_text()) for r in range(world)]
+
+
+def _wait_for_files(paths, launcher, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(p) and os.path.getsize(p) for p in paths):
+        assert launcher.poll() is None, f"the launcher exited with {launcher.returncode} before its ranks were ready"
+        assert time.monotonic() < deadline, f"ranks never became ready: {paths}"
+        time.sleep(0.02)
+
+
+def _kill_leftovers(tmp_path):
+    """SIGKILL every rank that wrote a pid file and still runs (after a failed test)."""
+    for path in tmp_path.glob("pid*"):
+        if path.read_text() and _alive(int(path.read_text())):
+            os.kill(int(path.read_text()), signal.SIGKILL)
+
+
+def _launcher(args, tmp_path, **popen):
+    """``python -m trident ARGS`` in its own session (as a shell job is), stderr to ``tmp_path/err``."""
+    env = {**os.environ, "PYTHONPATH": REPO}
+    err = open(tmp_path / "err", "wb")
+    return subprocess.Popen([sys.executable, "-m", "trident", *args], cwd=REPO, env=env, stderr=err,
+                            start_new_session=True, **popen)
+
+
+# ---- trident run: every rank watched; the first failure named; the others stopped --------------------
+
+_PID = "import os, sys\nrank = int(os.environ['RANK'])\nopen(f'{sys.argv[1]}/pid{rank}', 'w').write(str(os.getpid()))\n"
+
+
+def test_run_stops_lower_ranks_when_a_higher_rank_fails(tmp_path, capfd):
+    """Rank 1 fails while rank 0 works on (and ignores SIGTERM): rank 0 is killed after the grace period."""
+    script = _script(tmp_path, "r.py", head=_PID, body="""\
+        import signal, time
+        if rank == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            open(f"{sys.argv[1]}/ready0", "w").write("1")
+            time.sleep(60)
+            sys.exit(0)
+        while not os.path.exists(f"{sys.argv[1]}/ready0"):
+            time.sleep(0.01)
+        sys.exit(5)
+    """)
+    start = time.monotonic()
+    try:
+        code = cli.run(2, [sys.executable, script, str(tmp_path)], grace=0.3)
+        elapsed = time.monotonic() - start
+        err = capfd.readouterr().err
+        assert code == 5 and elapsed < 20, (code, elapsed, err)
+        assert "trident run: rank 1 exited with code 5" in err and "rank 0 exited" not in err
+        assert not _alive(_pids(tmp_path, 2)[0])
+    finally:
+        _kill_leftovers(tmp_path)
+
+
+def test_run_names_the_first_failure_not_the_lowest_rank(tmp_path, capfd):
+    """Rank 1 exits with 7; rank 0 then fails because rank 1 is gone: the job failed with rank 1's 7."""
+    script = _script(tmp_path, "r.py", head=_PID, body="""\
+        import time
+        if rank == 1:
+            sys.exit(7)
+        while not os.path.exists(f"{sys.argv[1]}/pid1"):
+            time.sleep(0.01)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:  # until rank 1 is gone (and reaped by the launcher)
+            try:
+                os.kill(int(open(f"{sys.argv[1]}/pid1").read()), 0)
+            except ProcessLookupError:
+                break
+            except ValueError:  # the file is being written
+                pass
+            time.sleep(0.01)
+        sys.exit(1)
+    """)
+    code = cli.run(2, [sys.executable, script, str(tmp_path)], grace=5)
+    err = capfd.readouterr().err
+    assert code == 7, err
+    assert "trident run: rank 1 exited with code 7" in err and "rank 0 exited" not in err
+
+
+def test_run_names_a_signal_and_exits_like_a_shell(tmp_path, capfd):
+    script = _script(tmp_path, "r.py", """\
+        import os, resource, signal
+        if os.environ["RANK"] == "1":
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file
+            os.kill(os.getpid(), signal.SIGSEGV)
+    """)
+    code = cli.run(2, [sys.executable, script], grace=5)
+    err = capfd.readouterr().err
+    assert code == 128 + signal.SIGSEGV, err
+    assert "trident run: rank 1 was killed by SIGSEGV" in err and "-11" not in err
+
+
+# ---- trident run: arguments ------------------------------------------------------------------------
+
+_ARGV = "import json, os, sys\nopen(os.environ['OUT'], 'w').write(json.dumps(sys.argv[1:]))\n"
+
+
+def test_run_module_and_arguments_verbatim(tmp_path, monkeypatch):
+    """``-m module`` (the form ``--help`` shows) works; every word after the script or module goes to
+    it as it is, ``--`` and ``-n`` included."""
+    (tmp_path / "argv_mod.py").write_text(_ARGV)
+    script = str(tmp_path / "argv_mod.py")
+    out = tmp_path / "argv.json"
+    monkeypatch.setenv("OUT", str(out))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    cases = [
+        (["-n", "1", "-m", "argv_mod", "a", "--", "--flag", "-n", "3"], ["a", "--", "--flag", "-n", "3"]),
+        (["-n", "1", script, "--", "--flag"], ["--", "--flag"]),
+        (["--nproc=1", "--", script, "-m", "x"], ["-m", "x"]),
+    ]
+    for argv, expected in cases:
+        assert cli.main(["run", *argv]) == 0, argv
+        assert json.loads(out.read_text()) == expected, argv
+
+
+def test_run_rejects_bad_arguments(tmp_path, capsys):
+    for argv, message in [(["-n", "0", "x.py"], "at least 1"), (["-n", "1", str(tmp_path / "no.py")], "no such script"),
+                          (["-n", "1"], "the script to run"), (["-n", "1", "-m"], "expected one argument"),
+                          (["-n", "1", "--bogus", "x.py"], "unrecognized arguments: --bogus")]:
+        with pytest.raises(SystemExit):
+            cli.main(["run", *argv])
+        assert message in capsys.readouterr().err, argv
+
+
+# ---- trident run: output ----------------------------------------------------------------------------
+
+def test_run_ranks_are_unbuffered_unless_the_user_says(tmp_path, capfd, monkeypatch):
+    """A rank's printed line survives its hard death: ranks run with PYTHONUNBUFFERED=1 (unless set)."""
+    script = _script(tmp_path, "r.py", """\
+        import os, signal
+        print("unbuffered", repr(os.environ.get("PYTHONUNBUFFERED")))
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    assert cli.run(1, [sys.executable, script], grace=5) == 128 + signal.SIGKILL
+    assert "unbuffered '1'\n" in capfd.readouterr().out
+    monkeypatch.setenv("PYTHONUNBUFFERED", "")  # the user's choice (block-buffered): kept
+    cli.run(1, [sys.executable, script], grace=5)
+    assert "unbuffered" not in capfd.readouterr().out
+
+
+def test_run_ends_a_last_partial_line(tmp_path, capfd):
+    """A rank's last line without a newline is never glued to another rank's line."""
+    script = _script(tmp_path, "r.py", """\
+        import os, sys, time
+        if os.environ["RANK"] == "0":
+            sys.stdout.write("partial")
+        else:
+            time.sleep(0.5)
+            print("second")
+    """)
+    assert cli.run(2, [sys.executable, script], grace=5) == 0
+    out = capfd.readouterr().out
+    assert sorted(out.splitlines()) == ["partial", "second"] and out.endswith("\n"), repr(out)
+
+
+def test_run_into_a_closed_pipe_finishes(tmp_path):
+    """``trident run ... | head -1``: the ranks never block on a full pipe; the launcher exits cleanly."""
+    script = _script(tmp_path, "r.py", head=_PID, body="""\
+        for i in range(20000):
+            print(f"rank {rank} line {i} " + "x" * 80)
+    """)
+    proc = _launcher(["run", "-n", "2", script, str(tmp_path)], tmp_path, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().startswith(b"rank ")
+        proc.stdout.close()  # what `head -1` does after its line
+        assert proc.wait(timeout=60) == 0
+        err = (tmp_path / "err").read_text()
+        assert "Error" not in err and "Exception" not in err, err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        _kill_leftovers(tmp_path)
+
+
+# ---- trident run: signals to the launcher ---------------------------------------------------------------
+
+_SIGNALLED = _PID + """\
+import signal, time
+got = []
+def note(signum, frame):
+    got.append(signum)
+    open(sys.argv[1] + f"/signals{rank}", "a").write(signal.Signals(signum).name + "\\n")
+if rank == 0:
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, note)
+else:  # rank 1 will not stop: the launcher must kill it after the grace period
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+open(sys.argv[1] + f"/ready{rank}", "w").write(str(os.getpgid(0)))
+deadline = time.monotonic() + 30
+while not got and time.monotonic() < deadline:
+    time.sleep(0.01)
+time.sleep(0.3)  # cleanup that a second signal would interrupt
+"""
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_run_passes_one_signal_to_each_rank_and_leaves_no_orphans(tmp_path, how):
+    """Ctrl-C (SIGINT to the terminal's whole process group) and SIGTERM (to the launcher alone): each
+    rank gets the signal once, a rank still running after the grace period is killed, the launcher
+    exits with 128 + the signal."""
+    script = _script(tmp_path, "r.py", _SIGNALLED)
+    proc = _launcher(["run", "--grace", "1", "-n", "2", script, str(tmp_path)], tmp_path)
+    sig = signal.SIGINT if how == "ctrl-c" else signal.SIGTERM
+    try:
+        _wait_for_files([tmp_path / f"ready{r}" for r in range(2)], proc)
+        if how == "ctrl-c":
+            os.killpg(proc.pid, sig)  # the terminal signals its foreground process group
+        else:
+            proc.send_signal(sig)
+        code = proc.wait(timeout=30)
+        err = (tmp_path / "err").read_text()
+        assert (tmp_path / "signals0").read_text() == sig.name + "\n", err
+        assert not any(_alive(pid) for pid in _pids(tmp_path, 2)), err
+        groups = {int((tmp_path / f"ready{r}").read_text()) for r in range(2)}
+        assert proc.pid not in groups, "the ranks share the launcher's process group: Ctrl-C reaches them twice"
+        assert code == 128 + sig, err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        _kill_leftovers(tmp_path)
+
+
+def test_run_ranks_stop_when_the_launcher_is_killed(tmp_path):
+    """SIGKILL leaves the launcher no say: the ranks get SIGTERM from the kernel (Linux), not orphaned."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    script = _script(tmp_path, "r.py", "import time\ntime.sleep(30)\n", head=_PID)
+    proc = _launcher(["run", "-n", "2", script, str(tmp_path)], tmp_path)
+    try:
+        _wait_for_files([tmp_path / f"pid{r}" for r in range(2)], proc)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in _pids(tmp_path, 2)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(pid) for pid in _pids(tmp_path, 2))
+    finally:
+        _kill_leftovers(tmp_path)
+
+
+# ---- trident bench suite / trident info -----------------------------------------------------------------
+
+def test_bench_suite_runs_once_in_this_process(monkeypatch, capsys):
+    import trident.bench
+
+    calls = []
+    fake = type(sys)("trident.bench.suite")
+    fake.main = lambda argv: calls.append(argv) or 3
+    monkeypatch.setitem(sys.modules, "trident.bench.suite", fake)
+    monkeypatch.setattr(trident.bench, "suite", fake, raising=False)
+    assert cli.main(["bench", "suite", "nightly", "--out", "d", "--budget", "60"]) == 3
+    assert cli.main(["bench", "suite", "--list"]) == 3
+    assert calls == [["nightly", "--out", "d", "--budget", "60"], ["--list"]]
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    assert "suite" in capsys.readouterr().out
+
+
+def test_info_asks_trident_topology(monkeypatch, capsys):
+    """``trident info`` prints what :func:`trident.topology.system_info` says, with the runtime's default heap."""
+    from trident import topology
+    from trident.runtime.context import DEFAULT_HEAP_SIZE
+
+    seen = {}
+
+    def fake(**kwargs):
+        seen.update(kwargs)
+        return {"summary": {"backend": "fake"}, "gpus": [], "peers": {"gpus": 0, "links": []}}
+
+    monkeypatch.setattr(topology, "system_info", fake)
+    assert cli.main(["info"]) == 0
+    assert seen["default_heap_size"] == DEFAULT_HEAP_SIZE and "fake" in capsys.readouterr().out
+
+
+# ---- trident.spawn: a rank that cannot hand back a result ------------------------------------------------
+
+def _returns_a_lock(rank):
+    return threading.Lock() if rank == 1 else rank
+
+
+def _exits_quietly(rank):
+    if rank == 0:
+        os._exit(0)
+    return rank
+
+
+@pytest.mark.parametrize("fn, message", [
+    (_returns_a_lock, "rank 1 returned an object that cannot be pickled: "),
+    (_exits_quietly, "rank 0 exited with code 0 without returning a result"),
+])
+def test_spawn_says_why_a_result_is_missing(fn, message):
+    with pytest.raises(trident.SpawnError) as info:
+        trident.spawn(fn, 2, timeout=90)  # only bounds a regression: the error comes as soon as the rank is done
+    assert str(info.value).startswith(message), str(info.value)
