@@ -6,6 +6,8 @@ peer's block has arrived (trident.wait), and then computes with the gathered mat
 same kernel: each rank returns the column sums. The result is checked on every rank.
 
     trident run -n 4 examples/demo.py          # 4 GPUs, 4 ranks on one GPU, or the CPU simulator
+
+The other examples teach the same pieces one at a time, in order: start with 00_heap.py.
 """
 
 import argparse

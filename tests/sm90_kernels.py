@@ -252,7 +252,6 @@ def wait_block(flag_ptr, out_ptr, n, rank, peer, heap_bases, BLOCK: tl.constexpr
 
 def _example_modules():
     modules = {}
-    sys.path.insert(0, str(REPO / "examples"))  # as when run as a script: examples import their helpers
     for path in sorted((REPO / "examples").glob("[!_]*.py")):
         spec = importlib.util.spec_from_file_location(f"_sm90_example_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)

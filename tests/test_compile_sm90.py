@@ -92,61 +92,45 @@ MEM_SIG = {"x_ptr": "*fp16", "y_ptr": "*fp16", "n": "i32", "rank": "i32", "peer"
 # As Triton's launcher would specialize them: tensors from the heap are 16-byte aligned, n % 16 == 0.
 MEM_ALIGNED = ["x_ptr", "y_ptr", "n", "heap_bases"]
 
-# Pieces of the GEMM + all-scatter examples' signatures (argument names as in the examples).
-_GAS_AB = {"a_ptr": "*fp16", "b_ptr": "*fp16", "K": "i32", "stride_am": "i32", "stride_ak": "i32",
-           "stride_bk": "i32", "stride_bn": "i32"}
-_GAS_C = {"c_ptr": "*fp16", "M": "i32", "N": "i32", "stride_cm": "i32"}
-_GAS_SYNC = {"state_ptr": "*i64", "ready_ptr": "*i64", "arrived_ptr": "*i64", "rank": "i32", "world_size": "i32",
-             "heap_bases": "*i64", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "GROUP_M": "constexpr",
-             "WORLD_BLOCK": "constexpr"}
-_GAS_TILES = {"BLOCK_M": 128, "BLOCK_N": 128, "GROUP_M": 8, "WORLD_BLOCK": 8}
-
 # Every @triton.jit kernel in examples/*.py, with a signature to build it with.
 EXAMPLES = {
-    "atomics.py:count_kernel": ({"counter_ptr": "*i32", "max_ptr": "*i32", "rank": "i32", "heap_bases": "*i64"},
-                                {}),
-    "atomics.py:ticket_kernel": ({"next_ptr": "*i64", "ticket_ptr": "*i64", "rank": "i32", "heap_bases": "*i64"},
-                                 {}),
+    "03_atomics.py:count_kernel": ({"counter_ptr": "*i32", "max_ptr": "*i32", "rank": "i32", "heap_bases": "*i64"},
+                                   {}),
+    "03_atomics.py:ticket_kernel": ({"next_ptr": "*i64", "ticket_ptr": "*i64", "rank": "i32", "heap_bases": "*i64"},
+                                    {}),
     "demo.py:all_gather_then_sum_kernel": (
         {"block_ptr": "*fp32", "full_ptr": "*fp32", "flags_ptr": "*i32", "sums_ptr": "*fp32", "rows": "i32",
          "cols": "i32", "rank": "i32", "world_size": "i32", "heap_bases": "*i64", "BLOCK_R": "constexpr",
          "BLOCK_C": "constexpr"},
         {"BLOCK_R": 32, "BLOCK_C": 64}),
-    "fused_allreduce_rmsnorm.py:allreduce_add_rmsnorm_kernel": (
-        {"partial_ptr": "*fp32", "residual_ptr": "*fp32", "weight_ptr": "*fp32", "out_ptr": "*fp32", "hidden": "i32",
-         "eps": "fp32", "slots_ptr": "*i64", "counts_ptr": "*i64", "rank": "i32", "world_size": "i32",
-         "heap_bases": "*i64", "BLOCK": "constexpr", "WORLD_BLOCK": "constexpr"},
+    "05_fused_allreduce_rmsnorm.py:allreduce_add_rmsnorm_kernel": (
+        {"partial_ptr": "*fp32", "residual_ptr": "*fp32", "weight_ptr": "*fp32", "out_ptr": "*fp32", "tokens": "i32",
+         "hidden": "i32", "eps": "fp32", "slots_ptr": "*i64", "epochs_ptr": "*i64", "rank": "i32",
+         "world_size": "i32", "heap_bases": "*i64", "BLOCK": "constexpr", "WORLD_BLOCK": "constexpr"},
         {"BLOCK": 256, "WORLD_BLOCK": 8}),
-    "gemm_all_scatter_bulk_synchronous.py:all_scatter_kernel": (
-        {**_GAS_C, **_GAS_SYNC}, _GAS_TILES),
-    "gemm_all_scatter_fused_sequential.py:gemm_all_scatter_kernel": (
-        {**_GAS_AB, **_GAS_C, **_GAS_SYNC, "BLOCK_K": "constexpr"}, {**_GAS_TILES, "BLOCK_K": 64}),
-    "gemm_all_scatter_producer_consumer.py:gemm_producer_kernel": (
-        {**_GAS_AB, **_GAS_C, "state_ptr": "*i64", "flags_ptr": "*i64", "rank": "i32", "heap_bases": "*i64",
-         "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "GROUP_M": "constexpr"},
+    "06_gemm_all_scatter.py:gemm_all_scatter_kernel": (
+        {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32",
+         "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32", "stride_cm": "i32", "rank": "i32",
+         "world_size": "i32", "heap_bases": "*i64", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+         "BLOCK_K": "constexpr", "GROUP_M": "constexpr"},
         {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}),
-    "gemm_all_scatter_producer_consumer.py:scatter_consumer_kernel": (
-        {**_GAS_C, **_GAS_SYNC, "flags_ptr": "*i64"}, _GAS_TILES),
-    "gemm_all_scatter_workgroup_specialized.py:gemm_all_scatter_kernel": (
-        {**_GAS_AB, **_GAS_C, "gemm_programs": "i32", **_GAS_SYNC, "flags_ptr": "*i64", "BLOCK_K": "constexpr"},
-        {**_GAS_TILES, "BLOCK_K": 64}),
-    "load_store.py:shift_right_kernel": (
+    "01_load_store.py:shift_right_kernel": (
         {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32", "rank": "i32", "world_size": "i32", "heap_bases": "*i64",
          "BLOCK": "constexpr"},
         {"BLOCK": 256}),
-    "message_passing.py:ring_kernel": (
+    "04_message_passing.py:ring_kernel": (
         {"data_ptr": "*fp32", "inbox_ptr": "*fp32", "flag_ptr": "*i32", "out_ptr": "*fp32", "n": "i32",
          "rank": "i32", "world_size": "i32", "heap_bases": "*i64", "BLOCK": "constexpr"},
         {"BLOCK": 128}),
-    "message_passing.py:to_root_kernel": (
+    "04_message_passing.py:to_root_kernel": (
         {"data_ptr": "*fp32", "slots_ptr": "*fp32", "count_ptr": "*i32", "n": "i32", "rank": "i32",
          "world_size": "i32", "heap_bases": "*i64", "BLOCK": "constexpr"},
         {"BLOCK": 128}),
-    "put_get.py:gather_kernel": (
+    "02_put_get.py:gather_kernel": (
         {"src_ptr": "*fp32", "dst_ptr": "*fp32", "n": "i32", "rank": "i32", "heap_bases": "*i64",
          "BLOCK": "constexpr"},
         {"BLOCK": 128}),
-    "put_get.py:scatter_kernel": (
+    "02_put_get.py:scatter_kernel": (
         {"src_ptr": "*fp32", "total": "i32", "rank": "i32", "heap_bases": "*i64", "BLOCK": "constexpr"},
         {"BLOCK": 128}),
 }
@@ -206,7 +190,7 @@ def _build_specs():
             dtype=dtype, sem="acquire", scope="sys")
 
     add("device_barrier_kernel", "trident.kernels.barrier:device_barrier_kernel",
-        {"heap_bases": "*i64", "rank": "i32", "world_size": "i32", "BLOCK": "constexpr"}, {"BLOCK": 8},
+        {"rank": "i32", "world_size": "i32", "heap_bases": "*i64", "WORLD_BLOCK": "constexpr"}, {"WORLD_BLOCK": 8},
         kind="barrier")
     for kernel, (signature, constexprs) in EXAMPLES.items():
         add(f"example-{kernel.replace('.py:', '-')}", kernel, signature, constexprs, kind="example")

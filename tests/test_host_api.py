@@ -368,7 +368,7 @@ def test_spawn_error_names_the_failing_rank():
 
 
 def test_trident_run_example():
-    proc = _run([sys.executable, "-m", "trident", "run", "-n", "2", "examples/load_store.py"])
+    proc = _run([sys.executable, "-m", "trident", "run", "-n", "2", "examples/01_load_store.py"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 0: load/store ok (y = 0.0)" in proc.stdout and "rank 1: load/store ok (y = 2.0)" in proc.stdout
 
@@ -430,7 +430,7 @@ def test_plain_python_with_triton_imported_first():
 
 def test_torchrun_example():
     proc = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                 "examples/load_store.py"])
+                 "examples/01_load_store.py"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 0: load/store ok (y = 0.0)" in proc.stdout and "rank 1: load/store ok (y = 2.0)" in proc.stdout
 

@@ -1,8 +1,15 @@
-"""Producer/consumer across ranks: each rank writes a block into its right neighbour's buffer,
-releases a flag there, and waits (acquire) for its left neighbour's flag before reading what
-arrived. Then every rank sends one block to rank 0 (all-to-one), which waits for all of them.
+"""Step 4: message passing between ranks inside a kernel, with trident.signal and trident.wait.
 
-    trident run -n 4 examples/message_passing.py
+The pattern behind every fused operation: write the data into the peer (``put``/``store``), then
+``signal`` a flag there (release: the data is visible before the flag); the peer ``wait``s on its
+flag (acquire) and only then reads. Here each rank sends a block to its right neighbour and
+waits for the one from its left (a ring); then every rank sends a block to rank 0, which counts
+the arrivals with ``signal(..., op="add")`` (all-to-one). No host barrier between sending and
+reading: the flags order it.
+
+    trident run -n 4 examples/04_message_passing.py
+
+Next: 05_fused_allreduce_rmsnorm.py fuses a collective into a compute kernel.
 """
 
 import torch

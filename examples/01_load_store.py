@@ -1,7 +1,14 @@
-"""Every rank reads its left neighbour's vector with trident.load and writes it into its right
-neighbour's buffer with trident.store.
+"""Step 1: reading and writing a peer's memory from a kernel, with trident.load and trident.store.
 
-    trident run -n 4 examples/load_store.py
+Every rank reads its left neighbour's vector and writes twice that into its right neighbour's
+buffer. The device API takes ``(pointer into my copy, ..., rank, peer, heap_bases)``: the pointer
+is to this rank's symmetric tensor, and ``heap_bases`` (every rank's heap address, as mapped
+here) lets trident translate it to the same tensor in ``peer``'s heap. Host barriers order the
+ranks: before the kernel (every x is written) and after it (every store has landed).
+
+    trident run -n 4 examples/01_load_store.py
+
+Next: 02_put_get.py copies whole blocks between ranks in one call each.
 """
 
 import torch

@@ -1,7 +1,13 @@
-"""Rank 0 gathers a slice from every rank with trident.get, then scatters the gathered result
-back to every rank with trident.put.
+"""Step 2: one-sided copies between ranks, with trident.get and trident.put.
 
-    trident run -n 4 examples/put_get.py
+``get(src, dst, rank, peer, ...)`` copies from ``peer``'s ``src`` into my ``dst``; ``put`` copies
+from my ``src`` into ``peer``'s ``dst``. Only rank 0 runs kernels here: it gathers a slice from
+every rank (get), then scatters the gathered whole back to every rank (put). The other ranks do
+nothing but wait at the barrier: their memory is read and written without their help.
+
+    trident run -n 4 examples/02_put_get.py
+
+Next: 03_atomics.py updates a peer's memory atomically.
 """
 
 import torch

@@ -1,7 +1,13 @@
-"""Every program of every rank adds into rank 0's counter and raises rank 0's maximum; then
-every rank takes a ticket from a shared counter with atomic_cas.
+"""Step 3: atomics on a peer's memory (trident.atomic_add, atomic_max, atomic_cas, ...).
 
-    trident run -n 4 examples/atomics.py
+Every program of every rank adds 1 to rank 0's counter and raises rank 0's maximum; then every
+rank takes a unique ticket from a counter on rank 0 with a compare-and-swap loop. ``sem`` says
+what an atomic orders around it: ``"relaxed"`` for plain counting, ``"acq_rel"`` (the default)
+when other memory must be ordered by it.
+
+    trident run -n 4 examples/03_atomics.py
+
+Next: 04_message_passing.py uses a flag to hand data from one rank to another inside a kernel.
 """
 
 import torch
