@@ -17,7 +17,7 @@ PACKAGE = ROOT / "trident"
 #: Modules not listed take the layer of their folder.
 LAYERS = {
     "errors": 0, "layout": 0, "config": 0, "faults": 0,
-    "platform": 1,
+    "platform": 1, "topology": 1,
     "backends": 2,
     "device": 3, "kernels": 3,
     "runtime": 4,
@@ -28,17 +28,21 @@ LAYERS = {
     "cli": 9, "__main__": 9, "__init__": 9,
 }
 
-#: Ways of asking "which backend / what hardware" that belong to trident/platform.py (and to the
-#: import-time switch in config.py and the backends, which implement the answers).
+#: Ways of asking "which backend / what hardware" that belong to trident/platform.py (this rank's device),
+#: trident/topology.py (every GPU of the machine and their links), the import-time switch in config.py
+#: and the backends, which implement the answers.
 MACHINE_FACTS = re.compile(
     r"config\.BACKEND\b|torch\.cuda\.is_available|\.is_cuda\b|device\.type\s*[!=]=|\.backend\s*[!=]=|"
     r"get_device_properties|multi_processor_count|cuda\.device_count\(|BACKEND\s*==")
-FACT_OWNERS = {"trident/platform.py", "trident/config.py", "trident/backends"}
+FACT_OWNERS = {"trident/platform.py", "trident/topology.py", "trident/config.py", "trident/backends"}
 
 
 def _layer(module: str) -> int:
     """Layer of a dotted module name inside trident (``runtime.context`` -> 4)."""
     parts = module.split(".")
+    if len(parts) == 1 and parts[0] not in LAYERS and not (PACKAGE / parts[0]).exists() \
+            and not (PACKAGE / f"{parts[0]}.py").exists():
+        parts = ["__init__"]  # a name defined in trident/__init__.py (``from trident import __version__``)
     for depth in range(len(parts), 0, -1):
         key = ".".join(parts[:depth])
         if key in LAYERS:

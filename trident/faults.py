@@ -45,3 +45,11 @@ def describe_heap_fault(rank, peer, offset, heap_size) -> str:
         f"ctx.zeros/empty/... (a tensor computed from one, like `t + 1`, lives off the heap), or an "
         f"index ran past the end of one."
     )
+
+
+def describe_peer_fault(rank, peer, world_size) -> str:
+    """The message of an access to a rank that does not exist (debug mode)."""
+    return (
+        f"rank {rank}: access to peer {peer}, which is not a rank of this job (world size {world_size}, "
+        f"ranks 0..{world_size - 1}). A peer computed as `rank + 1` needs `% world_size`."
+    )

@@ -33,6 +33,7 @@ ERROR_OBSERVED = 10
 # so the host can raise it with a plain CPU store, no CUDA call that a busy or wedged driver could stall.
 ABORT_ADDR = 11
 SCRATCH = 12  # where debug mode sends a CAS whose address is outside the heap
+WORLD_SIZE = 13  # the job's world size: debug mode checks every peer against it
 BARRIER_EPOCH = 16
 BARRIER_SLOTS = 1024  # one int64 per rank: the last barrier epoch that rank announced here
 
@@ -40,5 +41,6 @@ BARRIER_SLOTS = 1024  # one int64 per rank: the last barrier epoch that rank ann
 ERR_WAIT_TIMEOUT = 1
 ERR_OUT_OF_HEAP = 2
 ERR_ABORTED = 3
+ERR_BAD_PEER = 4
 
 assert (BARRIER_SLOTS + MAX_WORLD) * 8 <= CONTROL_BYTES

@@ -24,6 +24,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import time
 import traceback
 
 from .errors import TridentError
@@ -142,10 +143,13 @@ class RankPool:
 
     def _collect(self, timeout: float, what: str) -> list:
         results, failures, digests = [None] * self.world_size, [], set()
+        start = time.monotonic()
+        deadline = start + timeout
         for rank, conn in enumerate(self._conns):
-            if not conn.poll(timeout):
+            if not conn.poll(max(deadline - time.monotonic(), 0.0)):
                 self.close(force=True)
-                raise RankFailure(f"rank {rank} did not finish {what} within {timeout:g} s")
+                late = "" if not failures else f" (other ranks had failed: {len(failures)} of them)"
+                raise RankFailure(f"rank {rank} did not finish {what} within {time.monotonic() - start:.3g} s{late}")
             try:
                 ok, value, digest = conn.recv()
             except EOFError:
@@ -156,7 +160,7 @@ class RankPool:
                 results[rank] = value
             else:
                 failures.append(f"--- rank {rank} ---\n{value}")
-                timeout = min(timeout, 5.0)  # the others may be stuck waiting for this one
+                deadline = min(deadline, time.monotonic() + 5.0)  # the others may be stuck waiting for this one
         if failures or len(digests) > 1:
             self.close(force=True)
         if failures:

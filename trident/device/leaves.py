@@ -15,8 +15,8 @@ import time
 import triton
 import triton.language as tl
 
-from .. import platform
-from ..faults import abort_reason, describe_heap_fault, describe_wait_fault
+from .. import layout, platform
+from ..faults import abort_reason, describe_heap_fault, describe_peer_fault, describe_wait_fault
 
 if platform.SIMULATOR:
 
@@ -36,16 +36,20 @@ if platform.SIMULATOR:
             describe_wait_fault(_scalar(rank), _scalar(peer), _scalar(offset), _scalar(expected),
                                 _scalar(observed), _scalar(timeout_ns), bool(_scalar(aborted)),
                                 abort_reason(_scalar(abort_word)))
-            + " In the simulator the programs of one launch run one after another, so a program that"
-            " waits for a later program of the same launch never sees it."
+            + " Known causes: the peer never reached the matching call (it called a different collective, "
+            "passed different sizes, or failed earlier), or, in the simulator, which runs the programs of "
+            "one launch one after another, a program waited for a later program of the same launch."
         )
 
-    def on_out_of_heap(rank, peer, offset, heap_size):
-        """Raise at once with the faulting rank, peer and offset."""
+    def on_access_fault(kind, rank, peer, offset, limit):
+        """Raise at once (debug mode): a peer that is no rank (``limit``: the world size) or an address
+        outside the heap (``limit``: the heap size)."""
         from ..errors import DeviceError
 
-        raise DeviceError(describe_heap_fault(_scalar(rank), _scalar(peer), _scalar(offset),
-                                              _scalar(heap_size)))
+        rank, peer, offset, limit = (_scalar(v) for v in (rank, peer, offset, limit))
+        if _scalar(kind) == layout.ERR_BAD_PEER:
+            raise DeviceError(describe_peer_fault(rank, peer, limit))
+        raise DeviceError(describe_heap_fault(rank, peer, offset, limit))
 
     def _scalar(value):
         data = getattr(getattr(value, "handle", None), "data", value)
@@ -70,6 +74,6 @@ else:
         pass
 
     @triton.jit
-    def on_out_of_heap(rank, peer, offset, heap_size):
+    def on_access_fault(kind, rank, peer, offset, limit):
         """On a GPU the fault record in the control block is the report; the host raises it."""
         pass

@@ -22,12 +22,14 @@ import triton
 import triton.language as tl
 
 from .. import config, layout
-from .leaves import on_out_of_heap
+from .leaves import on_access_fault
 
 _DEBUG = tl.constexpr(config.DEBUG)
 _BASE_ALIGN = tl.constexpr(layout.BASE_ALIGN)
 _HEAP_SIZE = tl.constexpr(layout.HEAP_SIZE)
 _ERR_OUT_OF_HEAP = tl.constexpr(layout.ERR_OUT_OF_HEAP)
+_ERR_BAD_PEER = tl.constexpr(layout.ERR_BAD_PEER)
+_WORLD_SIZE = tl.constexpr(layout.WORLD_SIZE)
 _ERROR_COUNT = tl.constexpr(layout.ERROR_COUNT)
 _ERROR_KIND = tl.constexpr(layout.ERROR_KIND)
 _ERROR_RANK = tl.constexpr(layout.ERROR_RANK)
@@ -70,6 +72,8 @@ def translate(ptr, rank, peer, heap_bases):
 def peer_offset(ptr, rank, peer, heap_bases):
     """Elements between my heap base and ``peer``'s, with its alignment promised to the compiler."""
     ELEM_BYTES: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
+    if _DEBUG:  # a peer that is no rank must not index heap_bases: translate to myself (the lane is masked)
+        peer = tl.where(_peer_exists(peer, rank, heap_bases), peer, rank)
     distance = (tl.load(heap_bases + peer) - tl.load(heap_bases + rank)) // ELEM_BYTES
     IS_SCALAR: tl.constexpr = len(distance.shape) == 0
     if IS_SCALAR:
@@ -78,29 +82,47 @@ def peer_offset(ptr, rank, peer, heap_bases):
 
 
 @triton.jit
+def _peer_exists(peer, rank, heap_bases):
+    """Debug mode: whether ``peer`` is a rank of this job (0 <= peer < world size)."""
+    world_size = tl.load(control_block(rank, heap_bases) + _WORLD_SIZE)
+    return (peer >= 0) & (peer < world_size)
+
+
+@triton.jit
 def _check_in_heap(ptr, rank, peer, heap_bases, mask):
-    """Debug mode: which lanes of ``ptr`` stay inside the heap; records the first fault."""
+    """Debug mode: which lanes name an existing peer and stay inside the heap; records the first fault
+    (a peer that is no rank before an address outside the heap)."""
     ELEM_BYTES: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
     base = tl.load(heap_bases + rank)
     ctrl = base.to(tl.pointer_type(tl.int64))
     heap_size = tl.load(ctrl + _HEAP_SIZE)
+    world_size = tl.load(ctrl + _WORLD_SIZE)
+    exists = (peer >= 0) & (peer < world_size)
     offset = ptr.to(tl.int64) - base
-    inside = (offset >= 0) & (offset <= heap_size - ELEM_BYTES)
+    inside = (offset >= 0) & (offset <= heap_size - ELEM_BYTES) & exists
+    no_peer = exists == 0
     bad = inside == 0
     if mask is not None:
+        no_peer = no_peer & mask
         bad = bad & mask
     IS_BLOCK: tl.constexpr = len(ptr.shape) > 0
     if IS_BLOCK:
+        no_peer = tl.broadcast_to(no_peer, ptr.shape)  # the lanes' shape, when peer is one scalar
         any_bad = tl.max(bad.to(tl.int32), axis=None) > 0
+        any_no_peer = tl.max(no_peer.to(tl.int32), axis=None) > 0
         bad_offset = tl.max(tl.where(bad, offset, -(2**62)), axis=None)
-        bad_peer = tl.max(tl.where(bad, peer, -1), axis=None)
+        bad_peer = tl.max(tl.where(no_peer, peer, tl.where(bad, peer, -(2**31))), axis=None)
     else:
         any_bad = bad
+        any_no_peer = no_peer
         bad_offset = offset
         bad_peer = peer
     if any_bad:
-        on_out_of_heap(rank, bad_peer, bad_offset, heap_size)
-        record_fault(ctrl, _ERR_OUT_OF_HEAP, rank, bad_peer, bad_offset, heap_size, 0)
+        kind = tl.where(any_no_peer, _ERR_BAD_PEER, _ERR_OUT_OF_HEAP)
+        where = tl.where(any_no_peer, 0, bad_offset)
+        limit = tl.where(any_no_peer, world_size, heap_size)  # what the peer or offset had to stay below
+        on_access_fault(kind, rank, bad_peer, where, limit)
+        record_fault(ctrl, kind, rank, bad_peer, where, limit, 0)
     return inside
 
 

@@ -27,9 +27,9 @@ _WAIT_TIMEOUT_NS = tl.constexpr(layout.WAIT_TIMEOUT_NS)
 _ABORT_ADDR = tl.constexpr(layout.ABORT_ADDR)
 # Volatile polls between two full checks (ordered read, clock).
 _SPIN_POLLS = tl.constexpr(256)
-# The host's abort word is read only once a wait has lasted this long. On GPUs it lives in pinned
-# host memory, and on the H200 programs reading host memory while they spin (even once per 64
-# polls) slowed a GEMM on the other SMs ~150x (scripts/diag_spin.py): short waits never touch it.
+# The host's abort word is read only once a wait has lasted this long: on GPUs it lives in pinned
+# host memory, and a program reading host memory while it spins slows kernels on the other SMs by
+# orders of magnitude (docs/results/journal.md, 2026-12-03). Short waits never touch it.
 _ABORT_AFTER_NS = tl.constexpr(5_000_000)
 _ERR_WAIT_TIMEOUT = tl.constexpr(layout.ERR_WAIT_TIMEOUT)
 _ERR_ABORTED = tl.constexpr(layout.ERR_ABORTED)

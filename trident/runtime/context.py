@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import pickle
 import secrets
@@ -26,6 +27,8 @@ from .resources import Resources
 from .watchdog import RankWatchdog, identity
 
 DEFAULT_HEAP_SIZE = 1 << 30
+#: Longest wait a timeout may ask for (a week): waits always end, and the device counts nanoseconds in int64.
+MAX_SECONDS = 7 * 24 * 3600.0
 _context_ids = itertools.count()
 
 
@@ -43,6 +46,9 @@ def _seconds(name: str, value, variable: str, default: float = 30.0) -> float:
             raise ValueError(f"{source} is not a number of seconds") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{source} must be a positive number of seconds")
+    if not math.isfinite(value) or value > MAX_SECONDS:
+        raise ValueError(f"{source} is too large: a wait must end, with an error naming what it waited for; "
+                         f"give at most {MAX_SECONDS:g} seconds")
     return float(value)
 
 
@@ -155,7 +161,7 @@ class Context(SymmetricHeapMixin):
                                   f"{layout.BASE_ALIGN}-byte aligned in this process")
             self.heap_bases = torch.tensor(bases, dtype=torch.int64, device=self.device)
             self.heap_bases_host = tuple(bases)
-            self._control = ControlBlock(self._heap, heap_size, *self._backend.abort_word(self._heap))
+            self._control = ControlBlock(self._heap, heap_size, self.world_size, *self._backend.abort_word(self._heap))
             self._control.reset(wait_timeout)
             self._allocator = SymmetricAllocator(layout.CONTROL_BYTES, heap_size, layout.ALLOC_ALIGN)
             self._backend.synchronize()
@@ -275,9 +281,9 @@ class Context(SymmetricHeapMixin):
     @wait_timeout.setter
     def wait_timeout(self, seconds: float) -> None:
         self._check_open()
-        if not seconds > 0:
-            raise ValueError(f"wait_timeout must be a positive number of seconds, got {seconds!r}")
-        self._control.wait_timeout = seconds
+        if seconds is None:
+            raise ValueError("wait_timeout must be a positive number of seconds, got None")
+        self._control.wait_timeout = _seconds("wait_timeout", seconds, "TRIDENT_WAIT_TIMEOUT")
 
     # -- synchronization ----------------------------------------------------------------------
     def check(self) -> None:
@@ -392,11 +398,8 @@ class Context(SymmetricHeapMixin):
             ctx.broadcast(weights, src=0)
         """
         self._check_open()
-        if not isinstance(src, int) or not 0 <= src < self.world_size:
+        if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.world_size:
             raise ValueError(f"src={src!r} is not a rank of this job (world size {self.world_size})")
-        if not isinstance(value, torch.Tensor):
-            payload = pickle.dumps(value) if self.rank == src else None
-            return pickle.loads(self._rendezvous.broadcast("broadcast", payload, src))
-        from .broadcast import broadcast_tensor
+        from .broadcast import broadcast
 
-        return broadcast_tensor(self, value, src)
+        return broadcast(self, value, src)

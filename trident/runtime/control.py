@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import faults, layout
-from ..faults import describe_heap_fault, describe_wait_fault
+from ..faults import describe_heap_fault, describe_peer_fault, describe_wait_fault
 
 
 class ControlBlock:
@@ -16,9 +16,10 @@ class ControlBlock:
     simulator).
     """
 
-    def __init__(self, heap: torch.Tensor, heap_size: int, abort_word: torch.Tensor, abort_addr: int):
+    def __init__(self, heap: torch.Tensor, heap_size: int, world_size: int, abort_word: torch.Tensor,
+                 abort_addr: int):
         self.words = heap[:layout.CONTROL_BYTES].view(torch.int64)
-        self.heap_size = heap_size
+        self.heap_size, self.world_size = heap_size, world_size
         self.abort_reason = ""
         self.abort_word, self.abort_addr = abort_word, abort_addr
 
@@ -33,6 +34,7 @@ class ControlBlock:
         self.words.zero_()
         self.words[layout.MAGIC] = layout.MAGIC_VALUE
         self.words[layout.HEAP_SIZE] = self.heap_size
+        self.words[layout.WORLD_SIZE] = self.world_size
         self.words[layout.ABORT_ADDR] = self.abort_addr
         self.wait_timeout = wait_timeout
 
@@ -62,6 +64,8 @@ class ControlBlock:
         self.words[first:last + 1] = 0
         if kind == layout.ERR_OUT_OF_HEAP:
             message = describe_heap_fault(rank, peer, offset, expected)
+        elif kind == layout.ERR_BAD_PEER:
+            message = describe_peer_fault(rank, peer, expected)
         else:
             timeout_ns = int(self.words[layout.WAIT_TIMEOUT_NS].item())
             message = describe_wait_fault(rank, peer, offset, expected, observed, timeout_ns,

@@ -68,9 +68,10 @@ class SymmetricHeapMixin(TensorFactory):
         return flat.view(meta.dtype).as_strided(meta.shape, meta.stride())
 
     def _same_device(self, device: torch.device) -> bool:
-        if device.type != self.device.type:
-            return False
-        return device.index is None or self.device.index is None or device.index == self.device.index
+        """``device`` names the heap's device (``"cuda"`` without an index matches any GPU index)."""
+        if device.index is None or self.device.index is None:
+            return torch.device(device.type) == torch.device(self.device.type)
+        return device == self.device
 
     @contextlib.contextmanager
     def heap_scope(self):

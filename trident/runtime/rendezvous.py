@@ -87,27 +87,40 @@ def _destroy_process_group() -> None:
 
 
 def _check_world_size(store: dist.Store, rank: int, world: int, timeout: float) -> None:
-    """Every rank announces the world size it was given; a disagreement is an error, not a hang."""
-    keys = [f"trident/world_size/{r}" for r in range(world)]
+    """Every rank announces the world size it was given; a disagreement is an error, not a hang.
+
+    Polls the announcements, so a rank that sees a different world size from any peer that has
+    already announced raises at once (a peer that expects more ranks than exist would otherwise
+    wait silently until the timeout)."""
+    keys = [f"trident/world_size/{r}" for r in range(max(world, 1))]
+    deadline = time.monotonic() + timeout
     try:
         store.set(keys[rank], str(world))
-        store.wait(keys, datetime.timedelta(seconds=timeout))
-        sizes = {r: int(store.get(k)) for r, k in enumerate(keys)}
+        sizes: dict[int, int] = {}
+        while True:
+            for r, key in enumerate(keys):
+                if r not in sizes and store.check([key]):
+                    sizes[r] = int(store.get(key))
+            if len(set(sizes.values())) > 1:
+                raise DivergenceError(f"rank {rank}: ranks disagree on WORLD_SIZE: {dict(sorted(sizes.items()))} "
+                                      f"(rank: the WORLD_SIZE it was given)")
+            if len(sizes) == len(keys) or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+    except DivergenceError:
+        raise
     except Exception as exc:
-        try:
-            missing = [r for r, key in enumerate(keys) if not store.check([key])]
-        except Exception:  # the store itself is gone: rank 0 hosts it and has stopped
-            raise RankTimeoutError(
-                f"rank {rank}: lost the rendezvous store (hosted by rank 0) while waiting for the other ranks "
-                f"of a job of WORLD_SIZE={world}: rank 0 failed or stopped. Do all ranks have the same "
-                f"WORLD_SIZE?"
-            ) from exc
+        raise RankTimeoutError(
+            f"rank {rank}: lost the rendezvous store (hosted by rank 0) while waiting for the other ranks "
+            f"of a job of WORLD_SIZE={world}: rank 0 failed or stopped. Do all ranks have the same "
+            f"WORLD_SIZE?"
+        ) from exc
+    missing = [r for r in range(len(keys)) if r not in sizes]
+    if missing:
         raise RankTimeoutError(
             f"rank {rank}: timed out after {timeout:g} s waiting for ranks {missing} to join a job of "
             f"WORLD_SIZE={world}. Did they start, crash, or get a different WORLD_SIZE?"
-        ) from exc
-    if len(set(sizes.values())) > 1:
-        raise DivergenceError(f"rank {rank}: ranks disagree on WORLD_SIZE: {sizes}")
+        )
 
 
 class Rendezvous:

@@ -80,5 +80,5 @@ class GrowingBuffer:
         return self.tensor[:nbytes]
 
     def view(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """At least ``numel`` elements of ``dtype``, flat."""
-        return self.get(numel * dtype.itemsize).view(dtype)
+        """Exactly ``numel`` elements of ``dtype`` (flat) at the start of the buffer."""
+        return self.get(numel * dtype.itemsize)[:numel * dtype.itemsize].view(dtype)

@@ -1,0 +1,206 @@
+"""What a demanding user broke (reliability, round 2): each test pins one bug so it stays fixed."""
+
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import trident
+from tests.conftest import POOL_KWARGS
+from trident.testing import RankPool
+
+# -- heap exhaustion inside a collective leaves nothing pointing at freed memory ---------------
+
+
+def _exhaustion_body(ctx):
+    small = ctx.full((1000,), 1.0)
+    trident.ccl.all_reduce(ctx, small)  # the workspace now holds a 1000-float staging area
+    big = torch.ones(200_000)  # plain tensor: staged through a workspace buffer that must grow
+    try:
+        trident.ccl.all_reduce(ctx, big.to(ctx.device))
+        raised = "no error"
+    except trident.HeapExhaustedError as exc:
+        raised = str(exc)
+    y = ctx.full((1000,), 42.0)  # may land where the failed growth freed the old buffer
+    again = ctx.full((1000,), float(ctx.rank))
+    trident.ccl.all_reduce(ctx, again.clone())  # a plain tensor: goes through the staging buffer
+    trident.ccl.all_reduce(ctx, again)
+    ctx.barrier()
+    return raised, y.tolist(), again.tolist()
+
+
+def test_heap_exhaustion_in_a_collective_leaves_no_dangling_buffer():
+    pool = RankPool(2, **dict(POOL_KWARGS, heap_size=1 << 20))  # its own ranks: a 1 MiB heap
+    try:
+        results = pool.run(_exhaustion_body)
+    finally:
+        pool.close()
+    for raised, y, again in results:
+        assert "heap" in raised.lower() and "bytes" in raised, raised
+        assert y == [42.0] * 1000  # the user's tensor was not overwritten by the workspace
+        assert again == [float(sum(range(2)))] * 1000
+
+
+# -- the debug mode reports a peer that is not a rank --------------------------------------------
+
+
+@triton.jit
+def _next_rank_kernel(x_ptr, rank, heap_bases, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    trident.store(x_ptr + offs, offs + 1, rank, rank + 1, heap_bases)  # no `% world_size`
+
+
+def _bad_peer_body(ctx):
+    x = ctx.zeros(8, dtype=torch.int32)
+    ctx.barrier()
+    message = "no error"
+    if ctx.rank == ctx.world_size - 1:  # only the last rank's `rank + 1` is no rank
+        try:
+            _next_rank_kernel[(1,)](x, ctx.rank, ctx.heap_bases, BLOCK=8)
+            ctx.check()
+        except Exception as exc:  # the simulator raises in the launch, a GPU in check()
+            message = str(exc)
+    else:
+        _next_rank_kernel[(1,)](x, ctx.rank, ctx.heap_bases, BLOCK=8)
+    ctx.barrier()
+    return message, x.tolist()
+
+
+def test_debug_mode_names_a_peer_that_is_not_a_rank(debug_pool):
+    results = debug_pool.run(_bad_peer_body)
+    last = len(results) - 1
+    message, x = results[last]
+    assert f"rank {last}: access to peer {last + 1}, which is not a rank" in message, message
+    assert f"world size {len(results)}" in message and "% world_size" in message, message
+    assert x == [1, 2, 3, 4, 5, 6, 7, 8]  # rank last - 1 wrote it
+    assert results[0][1] == [0] * 8  # nobody may write rank 0's: the last rank's `rank + 1` reached nothing
+
+
+# -- broadcast of an object stays in step ------------------------------------------------------
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise TypeError("this object refuses to be pickled")
+
+
+def _broadcast_unpicklable_body(ctx):
+    try:
+        ctx.broadcast(_Unpicklable() if ctx.rank == 0 else None)
+        first = "no error"
+    except ValueError as exc:
+        first = str(exc)
+    second = ctx.broadcast("hello" if ctx.rank == 0 else None)  # the next call gets the new value
+    return first, second
+
+
+def test_broadcast_of_an_unpicklable_object_fails_on_every_rank_and_stays_in_step(pool2):
+    for first, second in pool2.run(_broadcast_unpicklable_body):
+        assert "rank 0 could not pickle its value" in first and "refuses to be pickled" in first, first
+        assert second == "hello"
+
+
+def _broadcast_tensor_vs_none_body(ctx):
+    value = ctx.full((4,), 7.0) if ctx.rank == 0 else None
+    try:
+        ctx.broadcast(value)
+        return "no error"
+    except trident.DivergenceError as exc:
+        return str(exc)
+
+
+def test_broadcast_of_a_tensor_against_none_is_a_clear_error_everywhere(pool2):
+    for message in pool2.run(_broadcast_tensor_vs_none_body):
+        assert "needs a tensor on every rank" in message and "rank 0: a tensor" in message, message
+        assert "rank 1: not a tensor" in message, message
+
+
+# -- timeouts: a wait must end ------------------------------------------------------------------
+
+
+def _timeout_setter_body(ctx):
+    messages = trident.testing.refusals({
+        "inf": lambda: setattr(ctx, "wait_timeout", math.inf),
+        "bool": lambda: setattr(ctx, "wait_timeout", True),
+        "none": lambda: setattr(ctx, "wait_timeout", None),
+        "nan": lambda: setattr(ctx, "wait_timeout", math.nan),
+    })
+    ctx.wait_timeout = 20.0
+    return messages
+
+
+def test_wait_timeout_refuses_infinite_and_non_numbers(pool2):
+    messages = pool2.run(_timeout_setter_body)[0]
+    assert "too large" in messages["inf"] and "a wait must end" in messages["inf"], messages
+    for name in ("bool", "none", "nan"):
+        assert "positive number of seconds" in messages[name], messages
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400"])
+def test_timeout_environment_variable_refuses_infinity(monkeypatch, value):
+    from trident.runtime.context import _seconds
+
+    monkeypatch.setenv("TRIDENT_TIMEOUT", value)
+    with pytest.raises(ValueError, match="too large"):
+        _seconds("timeout", None, "TRIDENT_TIMEOUT")
+
+
+# -- ranks that disagree on WORLD_SIZE say so at once, not at the timeout ------------------------
+
+
+def test_ranks_disagreeing_on_world_size_fail_fast_even_with_a_long_timeout():
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_host_api import _INIT, REPO, _env, _last_line
+    from trident.runtime.rendezvous import free_port
+
+    port, procs, start = str(free_port()), [], time.monotonic()
+    for rank, world in [(0, 2), (1, 3)]:
+        env = _env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port, TRIDENT_TIMEOUT="120")
+        procs.append(subprocess.Popen([sys.executable, "-c", _INIT], cwd=REPO, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    try:
+        errors = [p.communicate(timeout=100)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert time.monotonic() - start < 40, "a rank waited for the timeout instead of noticing the disagreement"
+    for rank, err in enumerate(errors):
+        last = _last_line(err)
+        assert f"rank {rank}:" in last and "WORLD_SIZE" in last, f"rank {rank}: {last}"
+
+
+# -- the simulator raises trident's own errors, not Triton's wrapped ones ------------------------
+
+
+@triton.jit
+def _wait_forever_kernel(flag_ptr, rank, heap_bases):
+    trident.wait(flag_ptr, 1, rank, rank, heap_bases)
+
+
+def _caught_timeout_body(ctx):
+    flag = ctx.zeros(1, dtype=torch.int32)
+    ctx.barrier()
+    ctx.wait_timeout = 0.2
+    try:
+        _wait_forever_kernel[(1,)](flag, ctx.rank, ctx.heap_bases)
+        ctx.check()
+        caught = "no error"
+    except trident.RankTimeoutError as exc:
+        caught = f"{type(exc).__name__}: {exc}"
+    finally:
+        ctx.wait_timeout = 20.0
+    ctx.barrier()
+    return caught
+
+
+def test_a_wait_that_gives_up_is_caught_as_rank_timeout_error(pool2):
+    for rank, caught in enumerate(pool2.run(_caught_timeout_body)):
+        assert caught.startswith(f"RankTimeoutError: rank {rank}: trident.wait timed out"), caught
+        assert "\\\\" not in caught and "InterpreterError" not in caught, caught  # not repr()-escaped
