@@ -727,3 +727,52 @@ def test_every_collective_back_to_back_at_5_and_6_ranks(world):
         pool.close()
     assert [problems for problems, _ in results] == [[]] * world, results
     assert len(results[0][1]) == 8
+
+
+# -- every dtype, with ranks placing their tensors differently ----------------------------------------
+
+MOVE_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.float16, torch.bfloat16, torch.float32,
+               torch.float64, torch.int32, torch.int64]
+
+
+def _any_data(rank, n, dtype):
+    """Rank ``rank``'s ``n`` elements of ``dtype`` (bool too), different on every rank."""
+    i = torch.arange(n, dtype=torch.int64)
+    if dtype == torch.bool:
+        return (i * 7 + rank) % 3 == 0
+    return ((i * 7 + rank * 13) % 61 - 30).to(dtype)
+
+
+def _mixed_placement_body(ctx, dtype):
+    """Rank 0 passes heap tensors and the others plain ones, then every rank a different heap tensor:
+    the data-movement collectives in ``dtype`` (reductions too where the dtype has them)."""
+    w, me, n, problems = ctx.world_size, ctx.rank, 37, []
+    inputs = [_any_data(p, w * n, dtype) for p in range(w)]
+    heap_in = ctx.zeros(w * n, dtype=dtype)
+    pool_in = [ctx.zeros(w * n, dtype=dtype) for _ in range(w)]  # every rank allocates all of them
+    reducible = dtype not in (torch.bool, torch.float64)
+    for case in ("rank 0 heap, others plain", "different heap tensors"):
+        def arg(data):
+            if case == "different heap tensors":
+                return pool_in[me].copy_(data)
+            return heap_in.copy_(data) if me == 0 else data.to(ctx.device).clone()
+        what = f"rank {me}/{w} {dtype} {case}"
+        out = torch.zeros(w * w * n, dtype=dtype, device=ctx.device)
+        ccl.all_gather(ctx, out, arg(inputs[me]))
+        problems += _diff(f"{what}: all_gather", out, torch.cat(inputs))
+        out = torch.zeros(w * n, dtype=dtype, device=ctx.device)
+        ccl.all_to_all(ctx, out, arg(inputs[me]))
+        problems += _diff(f"{what}: all_to_all", out, torch.cat([t.split(n)[me] for t in inputs]))
+        t = arg(inputs[me])
+        ccl.broadcast(ctx, t, w - 1)
+        problems += _diff(f"{what}: broadcast from {w - 1}", t, inputs[w - 1])
+        if reducible:
+            t = arg(inputs[me])
+            ccl.all_reduce(ctx, t, op="max")
+            problems += _diff(f"{what}: all_reduce max", t, torch.stack(inputs).amax(0))
+    return problems
+
+
+@pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=str)
+def test_every_dtype_with_ranks_placing_tensors_differently(pool3, dtype):
+    assert pool3.run(_mixed_placement_body, dtype) == [[]] * 3

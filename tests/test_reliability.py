@@ -204,3 +204,28 @@ def test_a_wait_that_gives_up_is_caught_as_rank_timeout_error(pool2):
     for rank, caught in enumerate(pool2.run(_caught_timeout_body)):
         assert caught.startswith(f"RankTimeoutError: rank {rank}: trident.wait timed out"), caught
         assert "\\\\" not in caught and "InterpreterError" not in caught, caught  # not repr()-escaped
+
+
+# -- collectives refuse what they would get wrong -------------------------------------------------
+
+
+def _collective_refusals_body(ctx):
+    w = ctx.world_size
+    x = ctx.ones(4 * w)
+    rows = torch.ones(4 * w, 2, device=ctx.device)
+    return trident.testing.refusals({
+        "bare int op": lambda: trident.ccl.all_reduce(ctx, ctx.ones(8), op=3),
+        "complex": lambda: trident.ccl.all_gather(ctx, torch.zeros(2 * w, dtype=torch.complex64, device=ctx.device),
+                                                  torch.zeros(2, dtype=torch.complex64, device=ctx.device)),
+        "in-place all_to_all": lambda: trident.ccl.all_to_all(ctx, x, x),
+        "float splits": lambda: trident.ccl.all_to_all_v(ctx, torch.empty(4 * w, 2, device=ctx.device),
+                                                         ctx.as_symmetric(rows), [4.5] * w, [4.0] * w),
+    })
+
+
+def test_collectives_refuse_bare_int_ops_complex_aliasing_and_float_splits(pool2):
+    messages = pool2.run(_collective_refusals_body)[0]
+    assert "op=3 is not supported" in messages["bare int op"], messages
+    assert "complex" in messages["complex"] and "view_as_real" in messages["complex"], messages
+    assert "share memory" in messages["in-place all_to_all"], messages
+    assert "integer row counts" in messages["float splits"], messages

@@ -31,7 +31,12 @@ ONE_SHOT_MAX_BYTES = 256 * 1024
 
 
 def _op_name(op) -> str:
-    name = _REDUCE_OPS.get(op, op) if not isinstance(op, str) else op.lower()
+    if isinstance(op, str):
+        name = op.lower()
+    elif isinstance(op, type(dist.ReduceOp.SUM)) or isinstance(op, dist.ReduceOp):
+        name = _REDUCE_OPS.get(op)
+    else:  # a bare int compares equal to a ReduceOp: refuse it rather than guess
+        name = None
     if name not in OPS:
         raise ValueError(f"op={op!r} is not supported; expected 'sum', 'max' or 'min' (or torch.distributed.ReduceOp)")
     return name
@@ -55,10 +60,25 @@ def _check(ctx, what: str, **tensors) -> None:
             raise ValueError(f"rank {ctx.rank}: {what}: {name} is on {t.device}, expected {ctx.device}")
         if not t.is_contiguous():
             raise ValueError(f"rank {ctx.rank}: {what}: {name} must be contiguous (call .contiguous())")
+        if t.is_complex():
+            raise ValueError(f"rank {ctx.rank}: {what}: {name} is complex ({t.dtype}); trident's collectives take "
+                             f"real tensors: pass torch.view_as_real({name}) (and view the result back)")
     dtypes = {t.dtype for t in tensors.values()}
     if len(dtypes) > 1:
         listing = ", ".join(f"{n}: {t.dtype}" for n, t in tensors.items())
         raise ValueError(f"rank {ctx.rank}: {what}: tensors must share one dtype, got {listing}")
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' memory (first to last element) overlaps."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    def span(t):
+        start = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+        return start, start + (last + 1) * t.element_size()
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 def _program_limit(ctx) -> int:
@@ -211,7 +231,10 @@ def _split_table(ctx, in_splits, out_splits, rows_in: int, rows_out: int, what: 
     sizes = []
     for name, splits, rows in (("in_splits", in_splits, rows_in), ("out_splits", out_splits, rows_out)):
         on_device = isinstance(splits, torch.Tensor) and not splits.is_cpu  # where the caller keeps them
-        s = splits if on_device else torch.as_tensor(splits, dtype=torch.int64)
+        s = splits if on_device else torch.as_tensor(splits)
+        if s.dtype.is_floating_point or s.dtype.is_complex or s.dtype == torch.bool:
+            raise TypeError(f"rank {ctx.rank}: {what}: {name} must hold integer row counts, got {s.dtype}"
+                            + ("" if on_device else f" {s.tolist()}"))
         if s.numel() != w:
             raise ValueError(f"rank {ctx.rank}: {what}: {name} has {s.numel()} entries, expected world_size = {w}")
         if not on_device and (int(s.sum()) != rows or bool((s < 0).any())):
@@ -241,6 +264,9 @@ def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_split
         trident.ccl.all_to_all_v(ctx, out, tokens[:n], out_splits=recv_counts, in_splits=send_counts)
     """
     _check(ctx, "all_to_all_v", out=out, inp=inp)
+    if _overlap(out, inp):
+        raise ValueError(f"rank {ctx.rank}: all_to_all_v: out and inp share memory; every rank reads its peers' "
+                         f"inp while they write their out, so in place is not possible: pass a separate out")
     if not ctx.is_symmetric(inp):
         raise NotSymmetricError(
             f"rank {ctx.rank}: all_to_all_v: inp must lie on the heap (its size differs between ranks, so it "
@@ -274,6 +300,9 @@ def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
     if inp.dim() == 0 or inp.shape[0] % w or out.shape != inp.shape:
         raise ValueError(f"rank {ctx.rank}: all_to_all: inp {tuple(inp.shape)} needs dim 0 divisible by "
                          f"world_size = {w}, and out {tuple(out.shape)} the same shape")
+    if _overlap(out, inp):
+        raise ValueError(f"rank {ctx.rank}: all_to_all: out and inp share memory; every rank reads its peers' "
+                         f"inp while they write their out, so in place is not possible: pass a separate out")
     rows = inp.shape[0] // w
     source = _on_heap(ctx, inp, INPUT_STAGE, copy_in=True)  # equal sizes everywhere: staging is collective
     return _all_to_all_rows(ctx, out, source, [rows] * w, [rows] * w, "all_to_all")

@@ -90,7 +90,7 @@ def _enter(src_ptr,
     valid = ranks < world_size
     their_slots = tl.load(heap_bases + ranks, mask=valid, other=0) + (tl.cast(slot, tl.int64) - my_base)
     theirs = tl.load(their_slots.to(tl.pointer_type(tl.int64)), mask=valid, other=0)
-    ELEMENT: tl.constexpr = src_ptr.dtype.element_ty.primitive_bitwidth // 8
+    ELEMENT: tl.constexpr = (src_ptr.dtype.element_ty.primitive_bitwidth + 7) // 8  # bool: 1 bit, 1 byte
     return epoch, tl.where(valid, (theirs - mine) // ELEMENT, 0)
 
 
