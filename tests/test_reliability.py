@@ -27,8 +27,22 @@ def _exhaustion_body(ctx):
     again = ctx.full((1000,), float(ctx.rank))
     trident.ccl.all_reduce(ctx, again.clone())  # a plain tensor: goes through the staging buffer
     trident.ccl.all_reduce(ctx, again)
+    # The same for a fused op's internal buffer (gemm_reduce_scatter's slots for peers' partials).
+    w, dev = ctx.world_size, ctx.device
+    A, B = torch.ones(8 * w, 16, device=dev), torch.ones(16, 32, device=dev)
+    C = torch.empty(8, 32, device=dev)
+    trident.ops.gemm_reduce_scatter(ctx, A, B, C, pattern="fused_sequential")
+    try:
+        big_a, big_b = torch.ones(256 * w, 16, device=dev), torch.ones(16, 1024, device=dev)
+        trident.ops.gemm_reduce_scatter(ctx, big_a, big_b, torch.empty(256, 1024, device=dev),
+                                        pattern="fused_sequential")
+        fused_raised = "no error"
+    except trident.HeapExhaustedError as exc:
+        fused_raised = str(exc)
+    z = ctx.full((2000,), -3.0)
+    trident.ops.gemm_reduce_scatter(ctx, A, B, C, pattern="fused_sequential")
     ctx.barrier()
-    return raised, y.tolist(), again.tolist()
+    return raised, y.tolist(), again.tolist(), fused_raised, z.tolist(), C.tolist()
 
 
 def test_heap_exhaustion_in_a_collective_leaves_no_dangling_buffer():
@@ -37,10 +51,13 @@ def test_heap_exhaustion_in_a_collective_leaves_no_dangling_buffer():
         results = pool.run(_exhaustion_body)
     finally:
         pool.close()
-    for raised, y, again in results:
+    for raised, y, again, fused_raised, z, C in results:
         assert "heap" in raised.lower() and "bytes" in raised, raised
         assert y == [42.0] * 1000  # the user's tensor was not overwritten by the workspace
         assert again == [float(sum(range(2)))] * 1000
+        assert "heap" in fused_raised.lower() and "bytes" in fused_raised, fused_raised
+        assert z == [-3.0] * 2000  # nor by the fused op's slots
+        assert C == [[32.0] * 32] * 8  # 16 ones summed over 2 ranks
 
 
 # -- the debug mode reports a peer that is not a rank --------------------------------------------

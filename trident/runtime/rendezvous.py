@@ -62,12 +62,14 @@ def join_process_group(backend: str, timeout: float) -> tuple[dist.Store, int, i
         raise ValueError(f"RANK={rank} and WORLD_SIZE={world} are inconsistent: need 0 <= RANK < WORLD_SIZE")
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = _env_int("MASTER_PORT", free_port() if world == 1 else None)
+    start = time.monotonic()
     try:
         store = dist.TCPStore(host, port, world_size=None, is_master=rank == 0,
                               timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
     except (RuntimeError, OSError) as exc:
         raise RankTimeoutError(
-            f"rank {rank}: could not reach the rendezvous store at {host}:{port} within {timeout:g} s; "
+            f"rank {rank}: could not reach the rendezvous store at {host}:{port} (gave up after "
+            f"{time.monotonic() - start:.3g} s; timeout {timeout:g} s); "
             f"rank 0 hosts it: has it started? ({exc})"
         ) from exc
     _check_world_size(store, rank, world, timeout)
