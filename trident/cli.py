@@ -92,7 +92,7 @@ BENCHMARKS = {
 _SUITE_HELP = "a named set of benchmarks, one after another: trident bench suite NAME [--out DIR] " \
               "[--budget S]; --list names the suites"
 
-_RUN_USAGE = "trident run [-h] -n NPROC [--grace S] (script.py | -m MODULE) [args ...]"
+_RUN_USAGE = "trident run [-h] -n NPROC [--grace S] [--mps] (script.py | -m MODULE) [args ...]"
 _RUN_HELP = """\
 Runs the script (or module) once per rank with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT, ...). Every word after the script goes to it verbatim, a -- included.
@@ -121,7 +121,7 @@ def split_run_argv(words: list[str]) -> tuple[list[str], list[str]]:
         word = words[i]
         if word in ("-n", "--nproc", "--grace"):
             i += 2
-        elif word in ("-h", "--help") or word.startswith(("--nproc=", "--grace=")) or (
+        elif word in ("-h", "--help", "--mps") or word.startswith(("--nproc=", "--grace=")) or (
                 word.startswith("-n") and len(word) > 2):
             i += 1
         elif word in ("--", "-m"):
@@ -143,6 +143,9 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argpar
     run_p.add_argument("--grace", type=float, default=DEFAULT_GRACE, metavar="S",
                        help=f"seconds from a rank's failure (or a signal) to SIGTERM, and from SIGTERM to SIGKILL, "
                             f"for the ranks still running (default {DEFAULT_GRACE:g})")
+    run_p.add_argument("--mps", action="store_true",
+                       help="ranks sharing a GPU run concurrently under a private MPS daemon, each held to its "
+                            "share of the SMs (without it their kernels time-slice); the daemon always stops")
     run_p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m does")
     run_p.add_argument("script", nargs="?", help="a Python script")
     run_p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script or module, passed on "
@@ -185,7 +188,7 @@ def _run_command(run_p: argparse.ArgumentParser, words: list[str]) -> int:
         command = [sys.executable, ns.script, *script_args]
     else:
         run_p.error("missing the script to run (or -m MODULE)")
-    return run(ns.nproc, command, grace=ns.grace)
+    return run(ns.nproc, command, grace=ns.grace, mps=ns.mps)
 
 
 def main(argv: list[str] | None = None) -> int:

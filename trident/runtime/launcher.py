@@ -31,7 +31,9 @@ import sys
 import threading
 import time
 
+from ..platform import gpus_visible
 from .launch import describe_exit, rank_environment
+from .mps import MpsDaemon
 from .rendezvous import free_port
 
 #: Seconds between a failure (or a signal to the launcher) and stopping the ranks still running.
@@ -180,7 +182,8 @@ class _Job:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def run(nprocs: int, command: list[str], grace: float = DEFAULT_GRACE, env: dict[str, str] | None = None) -> int:
+def run(nprocs: int, command: list[str], grace: float = DEFAULT_GRACE, env: dict[str, str] | None = None,
+        mps: bool = False) -> int:
     """Start ``command`` once per rank and watch the ranks until all have exited; return the job's exit code.
 
     Args:
@@ -190,6 +193,8 @@ def run(nprocs: int, command: list[str], grace: float = DEFAULT_GRACE, env: dict
             ranks still running; as long again between SIGTERM and SIGKILL.
         env: variables for the ranks on top of ours (the ranks also get torchrun's variables and
             ``PYTHONUNBUFFERED=1`` unless it is set).
+        mps: run the ranks under a private MPS daemon, each held to its share of the SMs of the
+            GPU it shares (:mod:`trident.runtime.mps`); the daemon is stopped however the job ends.
 
     Returns:
         0 when every rank exited with 0; else the first failure's code (128 + N for signal N), or
@@ -212,13 +217,24 @@ def run(nprocs: int, command: list[str], grace: float = DEFAULT_GRACE, env: dict
     except (OSError, ValueError):
         pass
     job = _Job()
+    daemon = MpsDaemon(ranks_per_gpu(nprocs)) if mps else None
     try:
+        if daemon is not None:
+            env.update(daemon.start())
+            _say(f"MPS daemon started: each rank may use {daemon.share}% of its GPU's SMs")
         job.start(nprocs, command, env)
         return _watch(job, grace, received)
     finally:
         job.finish(grace)
+        if daemon is not None:
+            daemon.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def ranks_per_gpu(nprocs: int) -> int:
+    """How many of ``nprocs`` ranks share one GPU (ranks go round-robin over the visible GPUs)."""
+    return -(-nprocs // max(gpus_visible(), 1))
 
 
 def _watch(job: _Job, grace: float, received: list[int]) -> int:
