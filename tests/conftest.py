@@ -9,16 +9,34 @@ import os
 
 import pytest
 
+#: The most ranks any test's pool has: with --mps each rank gets 100 / this share of a GPU's SMs.
+MOST_RANKS = 6
+_MPS = []
+
 
 def pytest_addoption(parser):
     parser.addoption("--backend", choices=["cuda", "sim"], default=None,
                      help="trident backend for the tests (default: cuda if a GPU is visible, else sim)")
+    parser.addoption("--mps", action="store_true",
+                     help="ranks sharing a GPU run concurrently under a private MPS daemon, each held to "
+                          f"1/{MOST_RANKS} of the SMs (as `trident run --mps`); without it their kernels time-slice")
 
 
 def pytest_configure(config):
     backend = config.getoption("--backend")
     if backend:
         os.environ["TRIDENT_BACKEND"] = backend  # before any test module imports trident
+    if config.getoption("--mps"):
+        from trident.runtime.mps import MpsDaemon
+
+        daemon = MpsDaemon(ranks_per_gpu=MOST_RANKS)
+        os.environ.update(daemon.start())  # before any process of the session starts CUDA
+        _MPS.append(daemon)
+
+
+def pytest_unconfigure(config):
+    for daemon in _MPS:
+        daemon.stop()
 
 
 _POOLS = {}

@@ -112,7 +112,7 @@ def _p2p() -> list[Step]:
 #: Every suite by name: its steps, run in this order.
 SUITES: dict[str, list[Step]] = {
     # The whole test suite on the GPU.
-    "gpu-tests": [INFO, pytest("pytest_cuda", limit=540)],
+    "gpu-tests": [INFO, pytest("pytest_cuda", "--mps", limit=540)],  # ranks concurrent, each its share of SMs
     # trident.ops.matmul against torch.matmul (cuBLAS): bf16 with the sweep of candidate configs, fp16 the table's.
     "gpu-gemm": [INFO, bench("gemm_bf16", "gemm", 1, "--sweep", "--dtype", "bfloat16", limit=420),
                  bench("gemm_fp16", "gemm", 1, "--dtype", "float16", limit=120)],
