@@ -36,7 +36,7 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     for daemon in _MPS:
-        daemon.stop()
+        daemon.stop(wait=False)  # this process is one of the daemon's clients: it quits once we exit
 
 
 _POOLS = {}

@@ -20,10 +20,10 @@ Example::
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
-import time
 
 from ..errors import BackendUnavailableError
 
@@ -83,19 +83,29 @@ class MpsDaemon:
         self.running = True
         return self.environment
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Tell the daemon to quit and wait for it (its control pipe goes away); idempotent."""
+    def stop(self, wait: bool = True, timeout: float = 10.0) -> None:
+        """Tell the daemon to quit; idempotent.
+
+        MPS's ``quit`` waits until every client process has ended. With ``wait`` (the launcher,
+        whose ranks have exited) it waits up to ``timeout`` seconds for the daemon to go, then
+        removes its folders. Without (a process that is itself an MPS client, like pytest's main
+        process, cannot wait for its own exit) a detached helper sends ``quit`` and removes the
+        folders once the daemon is gone.
+        """
         if not self.running:
             return
         self.running = False
-        try:
-            self._call(stdin="quit\n", timeout=timeout)
-            control_pipe = os.path.join(self.environment["CUDA_MPS_PIPE_DIRECTORY"], "control")
-            deadline = time.monotonic() + timeout
-            while os.path.exists(control_pipe) and time.monotonic() < deadline:
-                time.sleep(0.05)
-        finally:
-            shutil.rmtree(self.folder, ignore_errors=True)
+        env = {**os.environ, **self.environment}
+        env.pop("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+        # One shell line, in its own session so it outlives this process: quit, then tidy up.
+        line = f"echo quit | {shlex.quote(self.control)} >/dev/null 2>&1; rm -rf {shlex.quote(self.folder)}"
+        helper = subprocess.Popen(["/bin/sh", "-c", line], env=env, start_new_session=True,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if wait:
+            try:
+                helper.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass  # the helper goes on by itself once the last client has exited
 
     def __enter__(self) -> dict[str, str]:
         return self.start()
