@@ -28,14 +28,12 @@ from pathlib import Path
 
 import triton
 import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 import trident
+from tests.sm90_harness import compile_ptx
 
 REPO = Path(__file__).resolve().parent.parent
-TARGET = GPUTarget("cuda", 90, 32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,11 +317,9 @@ def compile_all(specs):
         with _captured_output() as captured:
             try:
                 fn = _resolve(spec["kernel"], examples)
-                attrs = {(fn.arg_names.index(arg),): [["tt.divisibility", 16]] for arg in spec.get("aligned", [])}
-                src = ASTSource(fn=fn, signature=spec["signature"], constexprs=spec.get("constexprs", {}),
-                                attrs=attrs)
-                compiled = triton.compile(src, target=TARGET, options={"num_warps": spec.get("num_warps", 4)})
-                result = {"ok": True, "ptx": _code(compiled.asm["ptx"])}
+                ptx = compile_ptx(fn, spec["signature"], spec.get("constexprs", {}), aligned=spec.get("aligned", []),
+                                  num_warps=spec.get("num_warps", 4))
+                result = {"ok": True, "ptx": _code(ptx)}
             except Exception as exc:  # one kernel's failure must not hide the others
                 result = {"ok": False, "error": "".join(traceback.format_exception_only(type(exc), exc)).strip()}
                 cause = exc.__cause__ or exc.__context__

@@ -8,18 +8,11 @@ measures at sys scope, and read ``%globaltimer`` plus make one slot-reserving at
 event only when tracing is on.
 """
 
-import json
-import os
-import subprocess
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.sm90_harness import run_child
 
 CHILD = r'''
-import importlib.util, json, os, sys, re
-import triton, triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import importlib.util, json, os, re
+from tests.sm90_harness import ROOT, compile_ptx, with_ones
 from trident.bench import p2p, all_access, device_api
 
 def from_file(*path):  # tests/ and benchmarks/ are folders of scripts, not packages
@@ -28,7 +21,6 @@ def from_file(*path):  # tests/ and benchmarks/ are folders of scripts, not pack
     spec.loader.exec_module(module)
     return module
 
-ROOT = os.environ["PYTHONPATH"]
 traced_kernel = from_file("tests", "test_trace.py").traced_kernel
 matmul_scatter_kernel = from_file("benchmarks", "trace_demo.py").matmul_scatter_kernel
 
@@ -64,16 +56,11 @@ results = {}
 for name, (fn, sig, cst, warps) in cases.items():
     for ones in (False, True):
         signature, constexprs = dict(sig), dict(cst)
-        if ones:  # what Triton does with integer arguments equal to 1
-            for arg in ("rank", "peer", "world_size", "peers", "value"):
-                if arg in signature:
-                    signature[arg], constexprs[arg] = "constexpr", 1
-        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ALIGNED if a in signature}
+        if ones:
+            signature, constexprs = with_ones(signature, constexprs, ("rank", "peer", "world_size", "peers", "value"))
         key = name + ("-ones" if ones else "")
         try:
-            k = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-            ptx = k.asm["ptx"]
+            ptx = compile_ptx(fn, signature, constexprs, aligned=ALIGNED, num_warps=warps)
             results[key] = {"ok": True, "v4_load": "ld.global.v4" in ptx, "v4_store": "st.global.v4" in ptx,
                             "timer": "%globaltimer" in ptx,
                             "atomics": re.findall(r"\b(?:atom|red)\.global[.a-z0-9_]*", ptx)}
@@ -84,11 +71,7 @@ print(json.dumps(results))
 
 
 def test_bench_and_trace_kernels_compile_for_sm90(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRIDENT_BACKEND="cuda", PYTHONPATH=ROOT, TRITON_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = run_child(CHILD, tmp_path)
     assert len(res) == 2 * (4 + 6 + 2 + 6 + 2 + 1)
     failed = {k: v["error"] for k, v in res.items() if not v["ok"]}
     assert not failed, failed

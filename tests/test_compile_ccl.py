@@ -4,18 +4,12 @@ Triton specializes an integer argument equal to 1 into a compile-time constant, 
 must also compile when ``rank``, ``world_size`` or a size is 1: each kernel is built both ways.
 """
 
-import json
-import os
-import subprocess
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.sm90_harness import run_child
 
 CHILD = r'''
-import json, os, sys
-import triton, triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+import json
+import triton.language as tl
+from tests.sm90_harness import compile_ptx, with_ones
 from trident.ccl import kernels as K
 
 COMMON = {"sync_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64", "BLOCK": "constexpr",
@@ -37,14 +31,11 @@ for name, (fn, sig, cst) in CASES.items():
     for ones in (False, True):
         signature = {**sig, **COMMON}
         constexprs = {"BLOCK": 1024, "WORLD_BLOCK": 8, **cst}
-        if ones:  # what Triton does when these arguments are 1
-            for arg in ("rank", "world_size", "n", "m", "chunk", "inner", "src"):
-                if arg in signature:
-                    signature[arg] = "constexpr"
-                    constexprs[arg] = 1
+        if ones:
+            signature, constexprs = with_ones(signature, constexprs,
+                                              ("rank", "world_size", "n", "m", "chunk", "inner", "src"))
         try:
-            triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                           target=GPUTarget("cuda", 90, 32))
+            compile_ptx(fn, signature, constexprs)
             results[f"{name}{'-ones' if ones else ''}"] = "ok"
         except Exception as exc:
             results[f"{name}{'-ones' if ones else ''}"] = f"{type(exc).__name__}: {exc}"[-1500:]
@@ -53,11 +44,7 @@ print(json.dumps(results))
 
 
 def test_collective_kernels_compile_for_sm90_also_with_arguments_equal_to_one(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRIDENT_BACKEND="cuda", PYTHONPATH=ROOT, TRITON_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = run_child(CHILD, tmp_path)
     assert len(results) == 12
     failed = {k: v for k, v in results.items() if v != "ok"}
     assert not failed, failed

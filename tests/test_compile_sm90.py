@@ -38,7 +38,6 @@ everything, cas included ("atomic_cas only supports elements with width {16, 32,
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -47,6 +46,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from tests.sm90_harness import child_environment
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).resolve().parent / "sm90_kernels.py"
@@ -273,11 +274,8 @@ def builds(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sm90")
     specs_path = tmp / "specs.json"
     specs_path.write_text(json.dumps([{k: v for k, v in spec.items() if k != "meta"} for spec in SPECS.values()]))
-    base_env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRIDENT_DEBUG")}
-    base_env["TRIDENT_BACKEND"] = "cuda"
-    base_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    # A fresh cache: everything is really compiled, and the two modes cannot share a stale entry.
-    base_env["TRITON_CACHE_DIR"] = str(tmp / "triton-cache")
+    # One fresh cache: everything is really compiled, and the two modes cannot share a stale entry.
+    base_env = child_environment(tmp)
     procs = {}
     start = time.perf_counter()
     for mode in MODES:

@@ -6,18 +6,11 @@ tracing on (a trace buffer) and the others with it off (``trace_ptr`` None, a co
 descriptor builds must use Hopper's bulk tensor copies and wgmma.
 """
 
-import json
-import os
-import subprocess
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.sm90_harness import run_child
 
 CHILD = r'''
 import json
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from tests.sm90_harness import compile_ptx
 from trident.ops import all_gather_gemm_kernels as AG
 from trident.ops import gemm_all_scatter_kernels as G
 from trident.ops import gemm_reduce_scatter_kernels as RS
@@ -44,9 +37,7 @@ def ab(tma):
 def build(fn, sig, cst, warps=8, stages=3):
     cst = dict(nones(sig), **cst)
     sig = dict(sig, **{k: "constexpr" for k in cst})
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cst), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": warps, "num_stages": stages})
-    return k.asm["ptx"]
+    return compile_ptx(fn, sig, cst, num_warps=warps, num_stages=stages)
 
 results = {}
 def case(name, fn, sig, cst):
@@ -107,11 +98,7 @@ print(json.dumps(results))
 
 
 def test_ops_kernels_compile_for_sm90_with_tma_and_wgmma(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRIDENT_BACKEND="cuda", PYTHONPATH=ROOT, TRITON_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = run_child(CHILD, tmp_path)
     assert len(results) == 18
     failed = {k: v["error"] for k, v in results.items() if not v["ok"]}
     assert not failed, failed
