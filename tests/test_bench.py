@@ -291,3 +291,22 @@ def test_suite_runs_steps_in_order_and_reports_failures(tmp_path, capsys):
     assert {"gpu-tests", "gpu-gemm", "fused-ops", "p2p", "examples", "sim-smoke"} <= set(suite.SUITES)
     named = {a for steps in suite.SUITES.values() for step in steps for a in step.argv if a.endswith(".py")}
     assert named and all((suite.ROOT / path).is_file() for path in named), named  # no step names a moved file
+
+
+def test_latency_host_time_round_trip_and_small_collectives(pool2, tmp_path):
+    rec, files = pool2.run(_bench, "latency", ["--rounds", "5", "--max-bytes", "4K", "--small-only", "--no-progress"],
+                           str(tmp_path / "latency"))[0]
+    _check_common(rec, files, 2)
+    assert {r["part"] for r in rec["rows"]} == {"host", "round_trip", "collective"}
+    host = {r["name"]: r for r in rec["rows"] if r["part"] == "host"}
+    assert {"empty triton launch", "torch x.add_(1)", "torch.matmul small", "all_reduce 1 KiB (heap)",
+            "all_reduce 1 KiB (plain)", "all_to_all 1 KiB per peer", "device_barrier", "gemm_all_scatter small",
+            "all_gather_gemm small", "gemm_reduce_scatter small"} <= set(host)
+    assert ("nccl all_reduce 1 KiB" in host) is rec["performance_figure"]
+    assert all(r["host_us"] > 0 and r["time_us"] > 0 for r in host.values())
+    trips = {r["name"]: r["time_us"] for r in rec["rows"] if r["part"] == "round_trip"}
+    assert set(trips) == {"bare spin", "trident signal/wait"} and min(trips.values()) > 0
+    sizes = {(r["name"], r["bytes"]) for r in rec["rows"] if r["part"] == "collective"}
+    assert {("all_reduce one_shot eager", 1024), ("all_reduce one_shot eager", 4096)} <= sizes
+    assert any("CUDA graph" in name for name, _ in sizes) is (not SIMULATOR)
+    assert "mps" in rec and os.path.exists(tmp_path / "latency" / "latency_host.png")

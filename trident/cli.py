@@ -80,6 +80,8 @@ BENCHMARKS = {
     "all-store": Bench("trident.bench.all_access", ("--mode", "store"), "every rank writes all peers at once"),
     "device-api": Bench("trident.bench.device_api", (), "device-API translation cost vs a plain copy", 1),
     "gemm": Bench("trident.bench.gemm", (), "trident's persistent matmul vs torch.matmul (cuBLAS), one GPU", 1),
+    "latency": Bench("trident.bench.latency", (), "host time per call, flag round trips, small collectives (eager, "
+                                                  "CUDA graph) against empty launches, torch and NCCL"),
     "gemm-all-scatter": Bench("trident.bench.gemm_all_scatter", (), "GEMM + all-scatter patterns vs torch + NCCL"),
     "all-gather-gemm": Bench("trident.bench.tensor_parallel", ("--op", "all_gather_gemm"),
                              "all-gather + GEMM patterns (TP MLP, first half) vs torch + NCCL"),
@@ -161,6 +163,8 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argpar
     bench_p.add_argument("name", choices=names)
     bench_p.add_argument("-n", "--nproc", type=int, default=None,
                          help="number of ranks (default: the benchmark's, listed below)")
+    bench_p.add_argument("--mps", action="store_true",
+                         help="ranks sharing a GPU run concurrently under a private MPS daemon (as trident run --mps)")
     bench_p.add_argument("args", nargs="*", help="arguments for the benchmark (see `trident bench NAME --help`)")
     return parser, run_p, bench_p
 
@@ -221,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         "TRIDENT_BENCH_COMMAND": " ".join(["trident", "bench", ns.name, "-n", str(nproc), *ns.args]),
         "NCCL_NVLS_ENABLE": "0",  # never NVLink multicast (see trident/bench/harness.py)
     }
-    return run(nproc, [sys.executable, "-m", bench.module, *bench.args, *ns.args], env=env)
+    return run(nproc, [sys.executable, "-m", bench.module, *bench.args, *ns.args], env=env, mps=ns.mps)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,228 @@
+"""``trident bench latency``: what a small call costs: host time, flag round trips, small collectives.
+
+Inference lives at small messages and small GEMMs, where a call costs its host time plus its
+synchronisation latency, not bandwidth. Three parts, each against references measured in the
+same run:
+
+* **host** (``part="host"``): the host time to issue one call (Python, checks, launches; no waiting
+  for the device) and its device time, for every collective at 1 KiB (heap and plain tensors),
+  ``ctx.device_barrier()`` and the three fused ops (a small and a 4096-class shape on a GPU),
+  against an empty Triton launch, a torch op, ``torch.matmul`` and NCCL's all-reduce where NCCL
+  can run (one GPU per rank, world 1 included);
+* **round trip** (``part="round_trip"``): ranks 0 and 1 pass a flag back and forth ``--rounds``
+  times in one kernel each, with ``trident.signal`` / ``trident.wait`` and with a bare reference
+  (a release exchange, a volatile spin and one acquire read); the time per round trip;
+* **collective** (``part="collective"``): device time of ``all_reduce`` (one_shot) from 1 KiB to
+  1 MiB, eager and, on a GPU, inside a CUDA graph of ``--graph-calls`` calls (time per call).
+
+Ranks sharing one GPU need ``--mps`` (``trident bench latency -n 4 --mps`` is not a flag of the
+benchmark: use ``trident run --mps -n 4 -m trident.bench.latency``) so that their kernels run
+concurrently; then latency and host time are real figures, never bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from functools import partial
+
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+import trident
+
+from ..platform import SIMULATOR
+from . import harness, plots
+
+
+@triton.jit
+def empty_kernel(x_ptr):
+    """The launch-cost reference: a kernel that does nothing."""
+    pass
+
+
+@triton.jit
+def round_trip_kernel(flag_ptr, rounds, rank, heap_bases, BARE: tl.constexpr):
+    """Ranks 0 and 1 pass ``flag`` back and forth ``rounds`` times (others return at once).
+
+    Round ``i``: rank 0 sets rank 1's flag to ``i`` and waits for its own to reach ``i``; rank 1
+    waits for ``i``, then sets rank 0's. ``BARE`` uses the minimal protocol instead of trident's.
+    """
+    if rank < 2:
+        peer = 1 - rank
+        for i in range(1, rounds + 1):
+            if rank == 1:
+                _await(flag_ptr, i, rank, heap_bases, BARE)
+            _notify(flag_ptr, i, rank, peer, heap_bases, BARE)
+            if rank == 0:
+                _await(flag_ptr, i, rank, heap_bases, BARE)
+
+
+@triton.jit
+def _notify(flag_ptr, value, rank, peer, heap_bases, BARE: tl.constexpr):
+    if BARE:
+        remote = trident.translate(flag_ptr, rank, peer, heap_bases)
+        tl.atomic_xchg(remote, value, sem="release", scope="sys")
+    else:
+        trident.signal(flag_ptr, value, rank, peer, heap_bases)
+
+
+@triton.jit
+def _await(flag_ptr, value, rank, heap_bases, BARE: tl.constexpr):
+    if BARE:
+        seen = tl.load(flag_ptr, volatile=True)
+        while seen < value:
+            seen = tl.load(flag_ptr, volatile=True)
+        tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")  # the ordered read that publishes the data
+    else:
+        trident.wait(flag_ptr, value, rank, rank, heap_bases, cmp="ge")
+
+
+def _host_cases(ctx, small_only: bool):
+    """``(name, group, call)`` triples of the host part; ``keep`` holds the tensors they use."""
+    dev, w = ctx.device, ctx.world_size
+    n = 256  # 1 KiB of fp32: this rank's part, and what it sends each peer
+    x, big, plain = ctx.randn(n), ctx.randn(n * w), torch.randn(n, device=dev)
+    gathered, part, exchanged = (torch.empty(n * w, device=dev), torch.empty(n, device=dev),
+                                 torch.empty(n * w, device=dev))
+    dummy = torch.empty(1, device=dev)
+    cases = [("empty triton launch", "reference", lambda: empty_kernel[(1,)](dummy)),
+             ("torch x.add_(1)", "reference", lambda: plain.add_(1))]
+    if ctx.platform.nccl_usable:
+        cases.append(("nccl all_reduce 1 KiB", "reference", lambda: dist.all_reduce(plain)))
+    cases += [("all_reduce 1 KiB (heap)", "collective", lambda: trident.ccl.all_reduce(ctx, x)),
+              ("all_reduce 1 KiB (plain)", "collective", lambda: trident.ccl.all_reduce(ctx, plain)),
+              ("all_gather 1 KiB", "collective", lambda: trident.ccl.all_gather(ctx, gathered, x)),
+              ("reduce_scatter 1 KiB", "collective", lambda: trident.ccl.reduce_scatter(ctx, part, big)),
+              ("all_to_all 1 KiB per peer", "collective", lambda: trident.ccl.all_to_all(ctx, exchanged, big)),
+              ("broadcast 1 KiB", "collective", lambda: trident.ccl.broadcast(ctx, x, 0)),
+              ("device_barrier", "collective", ctx.device_barrier)]
+    shapes = [("small", 64, 64, 64)] + ([] if small_only else [("4096", 4096, 4096, 4096)])
+    dtype = torch.float32 if ctx.platform.simulator else torch.bfloat16
+    keep = [x, big]
+    for label, M, N, K in shapes:
+        A, B = torch.randn(M, K, device=dev, dtype=dtype), torch.randn(K, N, device=dev, dtype=dtype)
+        C = ctx.empty(M, N * w, dtype=dtype)
+        B_local = torch.randn(K, N, device=dev, dtype=dtype)
+        A_local = torch.randn(M, K, device=dev, dtype=dtype)
+        C_agg = torch.empty(M * w, N, device=dev, dtype=dtype)
+        A_grs, C_grs = torch.randn(M * w, K, device=dev, dtype=dtype), torch.empty(M, N, device=dev, dtype=dtype)
+        keep.append(C)
+        fused = dict(pattern="fused_sequential")
+        cases += [(f"torch.matmul {label}", "reference", partial(torch.matmul, A, B)),
+                  (f"ops.matmul {label}", "fused op", partial(trident.ops.matmul, A, B)),
+                  (f"gemm_all_scatter {label}", "fused op",
+                   partial(trident.ops.gemm_all_scatter, ctx, A, B_local, C, **fused)),
+                  (f"all_gather_gemm {label}", "fused op",
+                   partial(trident.ops.all_gather_gemm, ctx, A_local, B, C_agg, **fused)),
+                  (f"gemm_reduce_scatter {label}", "fused op",
+                   partial(trident.ops.gemm_reduce_scatter, ctx, A_grs, B, C_grs, **fused))]
+    return cases, keep
+
+
+def _round_trips(ctx, args, record) -> None:
+    """The flag round trip of ranks 0 and 1, trident's protocol against the bare one (collective)."""
+    if ctx.world_size < 2:
+        return
+    for bare in (True, False):
+        flag = ctx.zeros(1, dtype=torch.int64)
+        ctx.barrier()  # every rank's flag is zero before any peer signals into it
+        kernel = partial(round_trip_kernel[(1,)], flag, args.rounds, ctx.rank, ctx.heap_bases, BARE=bare)
+        ms = harness.max_over_ranks(ctx, harness.time_ms(ctx, kernel, 0, 1))  # one launch: the flags count up
+        ctx.barrier()
+        record["rows"].append({"part": "round_trip", "name": "bare spin" if bare else "trident signal/wait",
+                               "group": "reference" if bare else "trident", "time_us": ms * 1e3 / args.rounds,
+                               "host_us": None})
+        ctx.free(flag)
+
+
+def _small_collectives(ctx, args, record) -> None:
+    """Device time of one_shot all_reduce from 1 KiB up, eager and (GPU) in a CUDA graph."""
+    for nbytes in harness.size_sweep(1 << 10, args.max_bytes, 4):
+        x = ctx.randn(nbytes // 4)
+        fn = lambda x=x: trident.ccl.all_reduce(ctx, x, algorithm="one_shot")  # noqa: E731
+        t = harness.measure(ctx.platform.timing_device, fn, args.warmup, args.repeats)
+        record["rows"].append({"part": "collective", "name": "all_reduce one_shot eager", "group": "trident",
+                               "bytes": nbytes, "time_us": harness.max_over_ranks(ctx, t.device_ms) * 1e3,
+                               "host_us": harness.max_over_ranks(ctx, t.host_ms) * 1e3})
+        if not ctx.platform.simulator:
+            graph = torch.cuda.CUDAGraph()
+            ctx.barrier()
+            with torch.cuda.graph(graph):
+                for _ in range(args.graph_calls):
+                    fn()
+            ctx.barrier()
+            ms = harness.time_ms(ctx, graph.replay, 2, args.repeats)
+            record["rows"].append({"part": "collective", "name": "all_reduce one_shot in a CUDA graph",
+                                   "group": "trident", "bytes": nbytes, "host_us": None,
+                                   "time_us": harness.max_over_ranks(ctx, ms) * 1e3 / args.graph_calls})
+        ctx.barrier()
+        ctx.free(x)
+
+
+def run(ctx, args) -> dict:
+    """All three parts (collective: every rank calls it); returns the record on every rank.
+
+    Example::
+
+        record = run(ctx, parse_args(["--max-bytes", "64K"]))
+    """
+    record = harness.new_record(ctx, "latency", {k: v for k, v in vars(args).items() if k != "no_progress"})
+    record["mps"] = {"active": "CUDA_MPS_PIPE_DIRECTORY" in os.environ,
+                     "sm_share_percent": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}
+    cases, keep = _host_cases(ctx, small_only=args.small_only or ctx.platform.simulator)
+    for name, group, fn in harness.progress(cases, ctx, args, "host time"):
+        ctx.barrier()
+        t = harness.measure(ctx.platform.timing_device, fn, args.warmup, args.repeats)
+        record["rows"].append({"part": "host", "name": name, "group": group,
+                               "host_us": harness.max_over_ranks(ctx, t.host_ms) * 1e3,
+                               "time_us": harness.max_over_ranks(ctx, t.device_ms) * 1e3})
+    ctx.barrier()
+    ctx.free(*keep)
+    _round_trips(ctx, args, record)
+    _small_collectives(ctx, args, record)
+    return record
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The benchmark's arguments (``trident bench latency --help``)."""
+    parser = argparse.ArgumentParser(prog="trident bench latency", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=10_000, help="flag round trips in one kernel")
+    parser.add_argument("--max-bytes", type=harness.parse_bytes, default=1 << 20, help="largest all_reduce")
+    parser.add_argument("--graph-calls", type=int, default=100, help="calls captured in one CUDA graph")
+    parser.add_argument("--small-only", action="store_true", help="fused ops at the small shape only (no 4096^3)")
+    harness.add_common_args(parser, "latency", warmup=5, repeats=20)
+    return parser.parse_args(argv)
+
+
+def sim_sizes(args) -> None:
+    """The simulator checks the benchmark, not the speed: few round trips, small sizes, few repeats."""
+    args.rounds, args.max_bytes = min(args.rounds, 20), min(args.max_bytes, 4096)
+    args.repeats, args.warmup, args.small_only = min(args.repeats, 2), min(args.warmup, 1), True
+
+
+def report(record: dict, out: str) -> list[str]:
+    """Write the JSON and the plot into ``out`` and print the table; returns the files written."""
+    columns = [("part", "part", ""), ("name", "call", ""), ("bytes", "bytes", "d"), ("host_us", "host us", ".1f"),
+               ("time_us", "device us", ".1f")]
+    host = [r for r in record["rows"] if r["part"] == "host"]
+    return harness.write_report(record, out, columns, plots=[lambda: plots.bars(
+        {**record, "rows": host}, f"{out}/latency_host.png", "group", "name", "host_us", "host us per call",
+        "host time per call")])
+
+
+def main(argv=None) -> int:
+    """Run ``trident bench latency`` on this rank (``trident bench latency -n N`` starts the ranks); returns 0."""
+    args = parse_args(argv)
+    if SIMULATOR:
+        sim_sizes(args)
+    harness.run_benchmark(args, run, report, (64 << 20) if SIMULATOR else (1 << 30))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
