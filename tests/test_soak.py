@@ -37,6 +37,7 @@ try:
         if mode == "kill" and ctx.rank == ctx.world_size - 1 and step == 4:
             os.kill(os.getpid(), signal.SIGKILL)      # dies with its peers inside the next collective
         trident.ccl.all_reduce(ctx, x)
+        ctx.check()  # a GPU records a wait that gave up (a lost peer) for the host; the simulator raised already
         if mode == "exhaust" and step == 2:
             try:                                  # the staging buffer cannot grow this far
                 big = torch.ones(1 << 21, device=ctx.device)

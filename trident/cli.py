@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_p.error(f"-n must be at least 1, got {nproc}")
     env = {
         # The benchmark records the command the user typed (its ranks only see `python -m module`).
-        "TRIDENT_BENCH_COMMAND": " ".join(["trident", "bench", ns.name, "-n", str(nproc), *ns.args]),
+        "TRIDENT_BENCH_COMMAND": " ".join(["trident", "bench", ns.name, "-n", str(nproc),
+                                           *(["--mps"] if ns.mps else []), *ns.args]),
         "NCCL_NVLS_ENABLE": "0",  # never NVLink multicast (see trident/bench/harness.py)
     }
     return run(nproc, [sys.executable, "-m", bench.module, *bench.args, *ns.args], env=env, mps=ns.mps)
