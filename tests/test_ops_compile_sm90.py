@@ -13,6 +13,7 @@ import json
 from tests.sm90_harness import compile_ptx
 from trident.ops import all_gather_gemm_kernels as AG
 from trident.ops import gemm_all_scatter_kernels as G
+from trident.ops import gemm_all_reduce_kernels as AR
 from trident.ops import gemm_reduce_scatter_kernels as RS
 from trident.ops.matmul import matmul_kernel
 
@@ -91,6 +92,16 @@ for tma in (True, False):
     case(f"gemm_reduce_scatter push_reduce tma={tma}", RS.push_reduce_kernel,
          {**grs, "c": "*bf16", **grs_sizes, "gemm_programs": "i32", **sync(tma), **WORLD},
          dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8))
+for tma in (True, False):
+    gar = {"a": ab(tma)["a"], "b": ab(tma)["b"], "slots": "*bf16"}
+    gar_sizes = {"M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32",
+                 "stride_bn": "i32"}
+    kernel = AR.push_all_kernel if tma else AR.push_all_reduce_kernel
+    extra = {} if tma else {"c": "*bf16"}
+    programs = {} if tma else {"gemm_programs": "i32"}
+    case(f"gemm_all_reduce {'push_all' if tma else 'push_all_reduce'} tma={tma}", kernel,
+         {**gar, **extra, **gar_sizes, **programs, **sync(not tma), **WORLD},
+         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8))
 case("reduce_slots", RS.reduce_slots_kernel, {"slots": "*bf16", "c": "*bf16", "m": "i32", "N": "i32",
      "world_size": "i32"}, {"BLOCK": 1024})
 print(json.dumps(results))
@@ -99,7 +110,7 @@ print(json.dumps(results))
 
 def test_ops_kernels_compile_for_sm90_with_tma_and_wgmma(tmp_path):
     results = run_child(CHILD, tmp_path)
-    assert len(results) == 18
+    assert len(results) == 20
     failed = {k: v["error"] for k, v in results.items() if not v["ok"]}
     assert not failed, failed
     for name, r in results.items():

@@ -5,7 +5,9 @@ patterns chosen by name (docs/gemm-all-scatter.md, docs/tensor-parallel-ops.md):
 
 * ``gemm_all_scatter(ctx, A, B_local, C)``: ``C = A @ [B_0 | B_1 | ...]`` on every rank;
 * ``all_gather_gemm(ctx, A_local, B, C)``: ``C = [A_0; A_1; ...] @ B`` (rows gathered);
-* ``gemm_reduce_scatter(ctx, A, B, C)``: ``C = my rows of sum over ranks of A @ B``.
+* ``gemm_reduce_scatter(ctx, A, B, C)``: ``C = my rows of sum over ranks of A @ B``;
+* ``gemm_all_reduce(ctx, A, B, C)``: ``C = sum over ranks of A @ B`` on every rank (row-parallel
+  linear layers in tensor-parallel inference).
 
 Each op is described by one :class:`~trident.ops.fused_call.OpSpec` in :data:`OPS` (its
 patterns, its measured ``auto`` table, its default communication programs), and
@@ -19,12 +21,14 @@ Example::
 
 from .all_gather_gemm import ALL_GATHER_GEMM, all_gather_gemm
 from .fused_call import OpSpec
+from .gemm_all_reduce import GEMM_ALL_REDUCE, gemm_all_reduce
 from .gemm_all_scatter import AUTO_TABLE, GEMM_ALL_SCATTER, PATTERNS, gemm_all_scatter
 from .gemm_reduce_scatter import GEMM_REDUCE_SCATTER, gemm_reduce_scatter
 from .matmul import SIM_CONFIG, MatmulConfig, matmul, pick_config
 
 #: The fused ops by name.
-OPS: dict[str, OpSpec] = {spec.name: spec for spec in (GEMM_ALL_SCATTER, ALL_GATHER_GEMM, GEMM_REDUCE_SCATTER)}
+OPS: dict[str, OpSpec] = {spec.name: spec for spec in (GEMM_ALL_SCATTER, ALL_GATHER_GEMM, GEMM_REDUCE_SCATTER,
+                                                       GEMM_ALL_REDUCE)}
 #: Every value of each op's ``pattern`` argument, by op name.
 OP_PATTERNS: dict[str, tuple[str, ...]] = {name: spec.pattern_names for name, spec in OPS.items()}
 
@@ -33,7 +37,8 @@ def choose_pattern(ctx, op: str, M: int, N: int, K: int) -> str:
     """What ``pattern="auto"`` of op ``op`` runs for an ``M x N x K`` product on this context.
 
     ``M, N, K`` as the op sees the problem: for ``gemm_all_scatter`` N is all ranks' columns, for
-    ``all_gather_gemm`` M is all ranks' rows, for ``gemm_reduce_scatter`` K is this rank's shard.
+    ``all_gather_gemm`` M is all ranks' rows, for ``gemm_reduce_scatter`` and ``gemm_all_reduce`` K
+    is this rank's shard.
     The first rule of the op's ``auto`` table for this GPU and world size whose size threshold
     ``M*N*K`` reaches, else ``baseline``; with ranks sharing a GPU (NCCL cannot run there)
     ``fused_sequential``, a correctness setting only.
@@ -48,4 +53,5 @@ def choose_pattern(ctx, op: str, M: int, N: int, K: int) -> str:
 
 
 __all__ = ["matmul", "MatmulConfig", "SIM_CONFIG", "pick_config", "gemm_all_scatter", "all_gather_gemm",
-           "gemm_reduce_scatter", "OPS", "OpSpec", "OP_PATTERNS", "choose_pattern", "PATTERNS", "AUTO_TABLE"]
+           "gemm_reduce_scatter", "gemm_all_reduce", "OPS", "OpSpec", "OP_PATTERNS", "choose_pattern", "PATTERNS",
+           "AUTO_TABLE"]

@@ -1,0 +1,204 @@
+"""trident.ops.all_reduce_rmsnorm against torch: all-reduce (every rank's x summed in fp32) + residual + RMSNorm.
+
+Tasks run inside the ranks and return a list of problems (empty when all is well).
+"""
+
+import re
+
+import pytest
+import torch
+
+from tests.conftest import get_pool
+from trident import ccl
+from trident.ops.all_reduce_rmsnorm import all_reduce_rmsnorm
+from trident.testing import refusals
+
+FLOATS = [torch.bfloat16, torch.float16, torch.float32]
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+EPS = 1e-5
+FP8 = torch.float8_e4m3fn
+
+
+def _data(rank, shape, dtype, salt=0):
+    """Rank ``rank``'s x (``rank`` = -1: the residual), rounded to ``dtype``; the same on every rank."""
+    g = torch.Generator().manual_seed(1000 * salt + rank + 7)
+    return (torch.randn(shape, generator=g) * (1 + rank % 3)).to(dtype)
+
+
+def _weight(hidden, dtype):
+    return torch.linspace(0.5, 1.5, hidden).to(dtype)
+
+
+def _reference(world, shape, dtype, residual, weight, salt=0):
+    """(normed in fp32, h in fp32) from every rank's x summed in fp32."""
+    h = sum(_data(p, shape, dtype, salt).float() for p in range(world))
+    if residual is not None:
+        h = h + residual.float().cpu()
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS) * weight.float().cpu()
+    return normed, h
+
+
+def _diff(what, got, want, dtype):
+    try:
+        torch.testing.assert_close(got.cpu().float(), want.to(dtype).float(), rtol=TOL[dtype], atol=TOL[dtype])
+    except AssertionError as exc:
+        return [f"{what}: {str(exc).splitlines()[0]} {str(exc).splitlines()[2:4]}"]
+    return []
+
+
+def _check_call(ctx, what, x, shape, dtype, residual, weight, salt=0):
+    out, h = all_reduce_rmsnorm(ctx, x, weight, EPS, residual=residual)
+    normed, h_want = _reference(ctx.world_size, shape, dtype, residual, weight, salt)
+    problems = []
+    if out.dtype != dtype or h.dtype != dtype or out.shape != shape or h.shape != shape:
+        problems.append(f"{what}: out {out.dtype} {tuple(out.shape)}, h {h.dtype} {tuple(h.shape)}")
+    return problems + _diff(f"{what}: h", h, h_want, dtype) + _diff(f"{what}: out", out, normed, dtype)
+
+
+# -- results ---------------------------------------------------------------------------------------------
+
+
+def _matches_body(ctx):
+    """Every dtype with T = 1 and with T past the simulator's programs, ragged H; plain inputs. The residual
+    alternates, and odd and even world sizes alternate the other way, so each case runs with and without."""
+    me, problems = ctx.rank, []
+    cases = [(shape, dtype) for shape in ((1, 200), (9, 37)) for dtype in FLOATS]
+    for i, (shape, dtype) in enumerate(cases):
+        with_residual = (i + ctx.world_size) % 2 == 0
+        residual = _data(-1, shape, dtype).to(ctx.device) if with_residual else None
+        x = _data(me, shape, dtype).to(ctx.device).clone()
+        what = f"rank {me}/{ctx.world_size} {dtype} {shape} residual={with_residual}"
+        problems += _check_call(ctx, what, x, shape, dtype, residual, _weight(shape[1], dtype).to(ctx.device))
+    return problems
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4], ids=lambda w: f"{w}ranks")
+def test_matches_torch(world):
+    assert get_pool(world).run(_matches_body) == [[]] * world
+
+
+def _repeated_body(ctx):
+    """The same heap buffers over several calls (the epochs), other collectives in between (the shared
+    sync block), weight in another dtype than x."""
+    me, w, problems = ctx.rank, ctx.world_size, []
+    shape, dtype = (6, 100), torch.bfloat16
+    x, residual = ctx.zeros(*shape, dtype=dtype), ctx.zeros(*shape, dtype=dtype)
+    weight = _weight(shape[1], torch.float32).to(ctx.device)
+    other = ctx.zeros(50)
+    for salt in range(3):
+        x.copy_(_data(me, shape, dtype, salt))
+        residual.copy_(_data(-1, shape, dtype, salt))
+        problems += _check_call(ctx, f"rank {me}/{w} call {salt}", x, shape, dtype, residual, weight, salt)
+        other.fill_(1.0)
+        ccl.all_reduce(ctx, other)
+        if not torch.all(other.cpu() == w):
+            problems.append(f"rank {me}/{w}: all_reduce between the calls went wrong")
+    return problems
+
+
+def test_repeated_calls_on_the_same_buffers():
+    assert get_pool(2).run(_repeated_body) == [[]] * 2
+
+
+def _placement_body(ctx):
+    """Rank 0 passes x on the heap, the others plain tensors; then every rank a different heap tensor."""
+    me, w, problems = ctx.rank, ctx.world_size, []
+    shape, dtype = (5, 48), torch.float16
+    heap_x = ctx.zeros(*shape, dtype=dtype)
+    per_rank = [ctx.zeros(*shape, dtype=dtype) for _ in range(w)]  # every rank allocates all of them
+    weight = _weight(shape[1], dtype).to(ctx.device)
+    for case in ("rank 0 heap, others plain", "different heap tensors"):
+        data = _data(me, shape, dtype)
+        if case == "different heap tensors":
+            for t in per_rank:
+                t.fill_(-77)
+            x = per_rank[me].copy_(data)
+        else:
+            x = heap_x.copy_(data) if me == 0 else data.to(ctx.device).clone()
+        residual = _data(-1, shape, dtype).to(ctx.device)
+        problems += _check_call(ctx, f"rank {me}/{w} {case}", x, shape, dtype, residual, weight)
+    return problems
+
+
+def test_ranks_place_x_differently():
+    assert get_pool(3).run(_placement_body) == [[]] * 3
+
+
+# -- fp8 output ------------------------------------------------------------------------------------------
+
+
+def _fp8_body(ctx):
+    """fp8 e4m3 output against torch's quantisation of the fp32 reference, with a float and a tensor scale."""
+    me, w, problems = ctx.rank, ctx.world_size, []
+    shape = (7, 160)
+    for dtype, scale in ((torch.bfloat16, 0.01), (torch.float32, torch.tensor([0.004], device=ctx.device)),
+                         (torch.float16, 1.0)):
+        x = _data(me, shape, dtype).to(ctx.device)
+        residual = _data(-1, shape, dtype).to(ctx.device)
+        weight = _weight(shape[1], dtype).to(ctx.device)
+        out, h = all_reduce_rmsnorm(ctx, x, weight, EPS, residual=residual, out_dtype=FP8, scale=scale)
+        normed, h_want = _reference(w, shape, dtype, residual, weight)
+        s = float(scale) if not isinstance(scale, torch.Tensor) else scale.item()
+        want = (normed / s).clamp(-448, 448).to(FP8).float()
+        got = out.cpu().float()
+        what = f"rank {me}/{w} fp8 {dtype} scale {s}"
+        if out.dtype != FP8:
+            problems.append(f"{what}: out is {out.dtype}")
+        # fp32 sums in another order may flip a rounding: at most one fp8 step (2**-3 relative), rarely
+        step = torch.maximum(want.abs() * 2.0 ** -3, torch.tensor(2.0 ** -9))
+        exact = (got == want).float().mean().item()
+        if not torch.all((got - want).abs() <= step) or exact < 0.98:
+            problems.append(f"{what}: {exact:.3f} exact, max diff {(got - want).abs().max().item()}")
+        problems += _diff(f"{what}: h", h, h_want, dtype)
+    return problems
+
+
+def test_fp8_output():
+    assert get_pool(2).run(_fp8_body) == [[]] * 2
+
+
+# -- bad input ---------------------------------------------------------------------------------------------
+
+
+def _refusals_body(ctx):
+    me, dev, problems = ctx.rank, ctx.device, []
+    x = torch.ones(4, 32, device=dev)
+    wt = torch.ones(32, device=dev)
+    calls = {
+        "x 1-D": (lambda: all_reduce_rmsnorm(ctx, torch.ones(32, device=dev), wt), ["x", "dimensions"]),
+        "x int": (lambda: all_reduce_rmsnorm(ctx, x.int(), wt), ["int32"]),
+        "x meta": (lambda: all_reduce_rmsnorm(ctx, torch.ones(4, 32, device="meta"), wt), ["meta"]),
+        "x not a tensor": (lambda: all_reduce_rmsnorm(ctx, [[1.0]], wt), ["tensor", "list"]),
+        "x strided": (lambda: all_reduce_rmsnorm(ctx, torch.ones(32, 4, device=dev).t(), wt), ["contiguous"]),
+        "weight size": (lambda: all_reduce_rmsnorm(ctx, x, torch.ones(33, device=dev)), ["weight", "33", "32"]),
+        "weight 2-D": (lambda: all_reduce_rmsnorm(ctx, x, torch.ones(1, 32, device=dev)), ["weight"]),
+        "residual shape": (lambda: all_reduce_rmsnorm(ctx, x, wt, residual=torch.ones(3, 32, device=dev)),
+                           ["residual", r"\(3, 32\)", r"\(4, 32\)"]),
+        "residual dtype": (lambda: all_reduce_rmsnorm(ctx, x, wt, residual=x.half()), ["residual", "float16"]),
+        "out_dtype": (lambda: all_reduce_rmsnorm(ctx, x, wt, out_dtype=torch.float16), ["out_dtype"]),
+        "out_dtype e5m2": (lambda: all_reduce_rmsnorm(ctx, x, wt, out_dtype=torch.float8_e5m2), ["out_dtype"]),
+        "fp8 without scale": (lambda: all_reduce_rmsnorm(ctx, x, wt, out_dtype=FP8), ["scale"]),
+        "scale without fp8": (lambda: all_reduce_rmsnorm(ctx, x, wt, scale=0.5), ["scale"]),
+        "scale negative": (lambda: all_reduce_rmsnorm(ctx, x, wt, out_dtype=FP8, scale=-1.0), ["scale"]),
+        "scale tensor dtype": (lambda: all_reduce_rmsnorm(ctx, x, wt, out_dtype=FP8,
+                                                          scale=torch.ones(1, dtype=torch.float16, device=dev)),
+                               ["scale", "float16"]),
+        "scale tensor size": (lambda: all_reduce_rmsnorm(ctx, x, wt, out_dtype=FP8, scale=torch.ones(2, device=dev)),
+                              ["scale"]),
+        "eps": (lambda: all_reduce_rmsnorm(ctx, x, wt, eps=-1.0), ["eps"]),
+    }
+    messages = refusals({name: call for name, (call, _) in calls.items()})
+    for name, (_, fragments) in calls.items():
+        message = messages[name]
+        for fragment in [f"rank {me}", "all_reduce_rmsnorm"] + fragments:
+            if not re.search(fragment, message, re.IGNORECASE):
+                problems.append(f"{name}: {fragment!r} not in {message!r}")
+    # the ranks are still in step: a valid call works
+    problems += _check_call(ctx, "after the refusals", _data(me, (3, 32), torch.float32).to(dev).clone(), (3, 32),
+                            torch.float32, None, _weight(32, torch.float32).to(dev))
+    return problems
+
+
+def test_bad_input_is_refused(pool2):
+    assert pool2.run(_refusals_body) == [[]] * 2
+
