@@ -310,3 +310,11 @@ def test_latency_host_time_round_trip_and_small_collectives(pool2, tmp_path):
     assert {("all_reduce one_shot eager", 1024), ("all_reduce one_shot eager", 4096)} <= sizes
     assert any("CUDA graph" in name for name, _ in sizes) is (not SIMULATOR)
     assert "mps" in rec and os.path.exists(tmp_path / "latency" / "latency_host.png")
+
+
+def test_tp_layer_times_the_decoder_layer(pool2, tmp_path):
+    rec, files = pool2.run(_bench, "tp_layer", ["--tokens", "1", "8", "--no-progress"], str(tmp_path / "tp"))[0]
+    _check_common(rec, files, 2)
+    impls = {r["impl"] for r in rec["rows"]}
+    assert impls == ({"trident", "torch"} if rec["performance_figure"] else {"trident"})
+    assert {r["tokens"] for r in rec["rows"]} == {1, 8} and all(r["time_us"] > 0 for r in rec["rows"])

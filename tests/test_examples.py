@@ -1,4 +1,4 @@
-"""The examples: a numbered ladder (``00_heap.py`` ... ) plus ``demo.py``, each run as written.
+"""The examples: a numbered ladder (``00_heap.py`` ... ), ``demo.py`` and the decoder layer, each run as written.
 
 Every example runs as a user would (``trident run -n 2 examples/NAME.py``) and reports success on
 every rank; on a machine without a GPU that is the CPU simulator. Each example checks its own

@@ -202,3 +202,51 @@ def _refusals_body(ctx):
 def test_bad_input_is_refused(pool2):
     assert pool2.run(_refusals_body) == [[]] * 2
 
+
+
+# -- sm_90 ------------------------------------------------------------------------------------------------
+
+COMPILE_CHILD = r'''
+import json
+from tests.sm90_harness import compile_ptx, with_ones
+from trident.ops.all_reduce_rmsnorm_kernels import all_reduce_rmsnorm_kernel as kernel
+
+COMMON = {"weight_ptr": "*bf16", "h_ptr": "*bf16", "scale_value": "fp32", "tokens": "i32", "hidden": "i32",
+          "eps": "fp32", "sync_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64",
+          "FP8_OUT": "constexpr", "ROUND_FP8_IN_FP32": "constexpr", "BLOCK_H": "constexpr", "WORLD_BLOCK": "constexpr"}
+CASES = {  # name: (x and residual, out, residual given, scale: None, "value" or "tensor")
+    "bf16 residual": ("*bf16", "*bf16", True, None),
+    "fp16 no residual": ("*fp16", "*fp16", False, None),
+    "fp8 scale tensor": ("*fp32", "*fp8e4nv", True, "tensor"),
+    "fp8 scale value": ("*bf16", "*fp8e4nv", False, "value"),
+}
+results = {}
+for name, (xt, ot, residual, scale) in CASES.items():
+    for ones in (False, True):
+        signature = {**COMMON, "x_ptr": xt, "out_ptr": ot, "residual_ptr": xt if residual else "constexpr",
+                     "scale_ptr": "*fp32" if scale == "tensor" else "constexpr"}
+        constexprs = {"FP8_OUT": scale is not None, "ROUND_FP8_IN_FP32": False, "BLOCK_H": 4096, "WORLD_BLOCK": 8}
+        if not residual:
+            constexprs["residual_ptr"] = None
+        if scale != "tensor":
+            constexprs["scale_ptr"] = None
+        signature = {arg: signature[arg] for arg in kernel.arg_names}
+        if ones:
+            signature, constexprs = with_ones(signature, constexprs, ("rank", "world_size", "tokens", "hidden"))
+        key = f"{name}{'-ones' if ones else ''}"
+        try:
+            ptx = compile_ptx(kernel, signature, constexprs, num_warps=8)
+            results[key] = "ok" if scale is None or "e4m3" in ptx else "no fp8 conversion in the PTX"
+        except Exception as exc:
+            results[key] = f"{type(exc).__name__}: {exc}"[-1500:]
+print(json.dumps(results))
+'''
+
+
+def test_kernel_compiles_for_sm90(tmp_path):
+    from tests.sm90_harness import run_child
+
+    results = run_child(COMPILE_CHILD, tmp_path)
+    assert len(results) == 8
+    failed = {k: v for k, v in results.items() if v != "ok"}
+    assert not failed, failed

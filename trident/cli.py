@@ -80,6 +80,8 @@ BENCHMARKS = {
     "all-store": Bench("trident.bench.all_access", ("--mode", "store"), "every rank writes all peers at once"),
     "device-api": Bench("trident.bench.device_api", (), "device-API translation cost vs a plain copy", 1),
     "gemm": Bench("trident.bench.gemm", (), "trident's persistent matmul vs torch.matmul (cuBLAS), one GPU", 1),
+    "tp-layer": Bench("trident.bench.tp_layer", (), "a tensor-parallel Llama decoder layer (trident's inference ops) "
+                                                    "vs torch + NCCL, decode to prefill, eager and in a CUDA graph"),
     "latency": Bench("trident.bench.latency", (), "host time per call, flag round trips, small collectives (eager, "
                                                   "CUDA graph) against empty launches, torch and NCCL"),
     "gemm-all-scatter": Bench("trident.bench.gemm_all_scatter", (), "GEMM + all-scatter patterns vs torch + NCCL"),

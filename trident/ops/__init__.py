@@ -7,7 +7,9 @@ patterns chosen by name (docs/gemm-all-scatter.md, docs/tensor-parallel-ops.md):
 * ``all_gather_gemm(ctx, A_local, B, C)``: ``C = [A_0; A_1; ...] @ B`` (rows gathered);
 * ``gemm_reduce_scatter(ctx, A, B, C)``: ``C = my rows of sum over ranks of A @ B``;
 * ``gemm_all_reduce(ctx, A, B, C)``: ``C = sum over ranks of A @ B`` on every rank (row-parallel
-  linear layers in tensor-parallel inference).
+  linear layers in tensor-parallel inference);
+* ``all_reduce_rmsnorm(ctx, x, weight, residual=...)``: ``h = all_reduce(x) + residual`` and its
+  RMSNorm, in one kernel (what follows a row-parallel layer in a decoder).
 
 Each op is described by one :class:`~trident.ops.fused_call.OpSpec` in :data:`OPS` (its
 patterns, its measured ``auto`` table, its default communication programs), and
@@ -20,6 +22,7 @@ Example::
 """
 
 from .all_gather_gemm import ALL_GATHER_GEMM, all_gather_gemm
+from .all_reduce_rmsnorm import all_reduce_rmsnorm
 from .fused_call import OpSpec
 from .gemm_all_reduce import GEMM_ALL_REDUCE, gemm_all_reduce
 from .gemm_all_scatter import AUTO_TABLE, GEMM_ALL_SCATTER, PATTERNS, gemm_all_scatter
@@ -53,5 +56,5 @@ def choose_pattern(ctx, op: str, M: int, N: int, K: int) -> str:
 
 
 __all__ = ["matmul", "MatmulConfig", "SIM_CONFIG", "pick_config", "gemm_all_scatter", "all_gather_gemm",
-           "gemm_reduce_scatter", "gemm_all_reduce", "OPS", "OpSpec", "OP_PATTERNS", "choose_pattern", "PATTERNS",
-           "AUTO_TABLE"]
+           "gemm_reduce_scatter", "gemm_all_reduce", "all_reduce_rmsnorm", "OPS", "OpSpec", "OP_PATTERNS",
+           "choose_pattern", "PATTERNS", "AUTO_TABLE"]

@@ -133,7 +133,7 @@ def all_reduce_rmsnorm(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float = 
         scale_ptr, scale_value, tokens, hidden, float(eps),
         workspace(ctx).sync,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-        FP8_OUT=fp8, ROUND_FP8_IN_FP32=False,
+        FP8_OUT=fp8, ROUND_FP8_IN_FP32=fp8 and ctx.platform.simulator,
         BLOCK_H=block_h, WORLD_BLOCK=triton.next_power_of_2(ctx.world_size), num_warps=num_warps(block_h),
     )
     return out, h

@@ -59,7 +59,7 @@ def all_reduce_rmsnorm_kernel(
             scale = scale_value
     for row in range(tl.program_id(0), tokens, tl.num_programs(0)):
         offs = tl.cast(row, tl.int64) * hidden + cols
-        h = reduce_tile(x_ptr + offs, rank, world_size, heap_bases, in_row, "sum", tl.float32)
+        h = reduce_tile(x_ptr + offs, rank, world_size, heap_bases, in_row, "sum", tl.float32, shift)
         if residual_ptr is not None:
             h += tl.load(residual_ptr + offs, mask=in_row, other=0.0).to(tl.float32)
         tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=in_row)
