@@ -128,6 +128,14 @@ SUITES: dict[str, list[Step]] = {
     "ccl": [INFO] + [bench(f"ccl_{n}", "ccl", n, "--max-bytes", "16M", "--repeats", "10", limit=150) for n in (2, 4)],
     # Every example as written, at 2 and 4 ranks.
     "examples": [INFO] + _examples(),
+    # What a small call costs: host time, flag round trips, small collectives (eager and in CUDA graphs), one rank
+    # alone, then ranks sharing the GPU under MPS (real latency and host time, never bandwidth).
+    "latency": [INFO, bench("latency_1", "latency", 1, limit=120)]
+               + [bench(f"latency_{n}", "latency", n, "--mps", "--small-only", limit=120) for n in (2, 4, 8)],
+    # The inference layer: a tensor-parallel decoder layer (all_reduce_rmsnorm, gemm_all_reduce) against torch + NCCL.
+    "inference": [INFO, bench("tp_layer_1", "tp-layer", 1, limit=300)]
+                 + [bench(f"tp_layer_{n}", "tp-layer", n, "--mps", "--models", "8b", "--tokens", "1", "8", "32", "128",
+                          limit=150) for n in (2, 4, 8)],
     # One quick step in the CPU simulator: the suite machinery, anywhere (tests/test_bench.py runs it).
     "sim-smoke": [bench("p2p_sim", "p2p", 1, "--ops", "load", "--bytes", "4K", limit=90,
                         env={"TRIDENT_BACKEND": "sim"})],
