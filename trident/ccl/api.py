@@ -275,13 +275,15 @@ def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_split
     return _all_to_all_rows(ctx, out, inp, out_splits, in_splits, "all_to_all_v")
 
 
-def _all_to_all_rows(ctx, out, source, out_splits, in_splits, what: str) -> torch.Tensor:
+def _all_to_all_rows(ctx, out, source, out_splits, in_splits, what: str, per_peer: int | None = None) -> torch.Tensor:
+    """The row exchange of both all-to-alls. ``per_peer``: elements every rank sends each peer when that is
+    the same everywhere (all_to_all), so the grid fits the work; None (all_to_all_v) launches the limit."""
     if out.dim() == 0 or source.dim() == 0 or out.shape[1:] != source.shape[1:]:
         raise ValueError(f"rank {ctx.rank}: {what}: out {tuple(out.shape)} and inp {tuple(source.shape)} must "
                          f"have at least one dimension and match beyond dim 0")
     table = _split_table(ctx, in_splits, out_splits, source.shape[0], out.shape[0], what)
     ctx.agree_in_debug(what, tuple(source.shape[1:]), source.dtype)
-    _launch(ctx, kernels.all_to_all_kernel, None, source, out, table, math.prod(source.shape[1:]),
+    _launch(ctx, kernels.all_to_all_kernel, per_peer, source, out, table, math.prod(source.shape[1:]),
             BLOCK=_block(ctx, out.numel()))
     return out
 
@@ -305,7 +307,8 @@ def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
                          f"inp while they write their out, so in place is not possible: pass a separate out")
     rows = inp.shape[0] // w
     source = _on_heap(ctx, inp, INPUT_STAGE, copy_in=True)  # equal sizes everywhere: staging is collective
-    return _all_to_all_rows(ctx, out, source, [rows] * w, [rows] * w, "all_to_all")
+    return _all_to_all_rows(ctx, out, source, [rows] * w, [rows] * w, "all_to_all",
+                            per_peer=rows * math.prod(inp.shape[1:]))
 
 
 def broadcast(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
