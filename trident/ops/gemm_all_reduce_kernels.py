@@ -29,9 +29,9 @@ import triton
 import triton.language as tl
 
 from .. import trace
-from ..device import signal, store, wait
+from ..device import signal, store
 from .call_sync import enter_call, finish_call, flag_words, wait_peers_ready
-from .gemm_reduce_scatter_kernels import reduce_slots_kernel, sum_slots
+from .gemm_reduce_scatter_kernels import reduce_flagged_tiles, reduce_slots_kernel
 from .tiles import tile_coords, tile_dot, tile_offsets
 
 __all__ = ["push_all_kernel", "push_all_reduce_kernel", "push_all_tiles", "reduce_slots_kernel"]
@@ -102,7 +102,6 @@ def push_all_reduce_kernel(
         USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """workgroup_specialized: programs ``0 .. gemm_programs-1`` push tiles to every rank and flag
     them there; the rest reduce each tile of C once all W ranks have flagged it."""
-    TRACE: tl.constexpr = trace_ptr is not None
     pid = tl.program_id(0)
     epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     flags = flag_words(sync_ptr, world_size)
@@ -115,17 +114,8 @@ def push_all_reduce_kernel(
                        flags, epoch, trace_ptr, rank, world_size, heap_bases,
                        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
     else:
-        num_pid_m = tl.cdiv(M, BLOCK_M)
-        num_pid_n = tl.cdiv(N, BLOCK_N)
-        sources = tl.arange(0, WORLD_BLOCK)
-        for tile in tl.range(pid - gemm_programs, num_pid_m * num_pid_n, tl.num_programs(0) - gemm_programs):
-            t0 = trace.now_if(TRACE)
-            wait(flags + sources * (num_pid_m * num_pid_n) + tile, epoch, rank, rank, heap_bases, cmp="ge",
-                 mask=sources < world_size)
-            trace.record(trace_ptr, trace.WAIT, tile, rank, t0, rank, TRACE)
-            t0 = trace.now_if(TRACE)
-            pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-            offs, mask = tile_offsets(pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
-            sum_slots(slots, c, offs, mask, M, N, world_size)
-            trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
+        reduce_flagged_tiles(pid - gemm_programs, tl.num_programs(0) - gemm_programs,
+                             slots, c, M, N,
+                             flags, epoch, trace_ptr, rank, world_size, heap_bases,
+                             BLOCK_M, BLOCK_N, GROUP_M, WORLD_BLOCK)
     finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)

@@ -100,6 +100,31 @@ def reduce_slots_kernel(slots, c, m, N, world_size, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def reduce_flagged_tiles(first, step,
+                         slots, c, rows, N,               # my W slots and C (rows x N, contiguous)
+                         flags, epoch, trace_ptr, rank, world_size, heap_bases,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+                         WORLD_BLOCK: tl.constexpr):
+    """Tiles ``first, first + step, ...`` of C: acquire the tile's flag from every rank (rank s
+    flags ``flags[s * T + tile]``, T tiles), then sum the W slots into C while later tiles are
+    still being computed (a reducer program of a ``workgroup_specialized`` kernel)."""
+    TRACE: tl.constexpr = trace_ptr is not None
+    num_pid_m = tl.cdiv(rows, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    sources = tl.arange(0, WORLD_BLOCK)
+    for tile in tl.range(first, num_pid_m * num_pid_n, step):
+        t0 = trace.now_if(TRACE)
+        wait(flags + sources * (num_pid_m * num_pid_n) + tile, epoch, rank, rank, heap_bases, cmp="ge",
+             mask=sources < world_size)
+        trace.record(trace_ptr, trace.WAIT, tile, rank, t0, rank, TRACE)
+        t0 = trace.now_if(TRACE)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        offs, mask = tile_offsets(pid_m, pid_n, rows, N, N, 1, BLOCK_M, BLOCK_N)
+        sum_slots(slots, c, offs, mask, rows, N, world_size)
+        trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
+
+
+@triton.jit
 def push_reduce_kernel(
         a, b, slots, c,                                 # A, B (descriptors or pointers), the slots, my rows of C
         m, N, K,                                        # m: rows per rank; K: this rank's shard
@@ -111,7 +136,6 @@ def push_reduce_kernel(
         USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """workgroup_specialized: programs ``0 .. gemm_programs-1`` push tiles and flag them at the
     owner; the rest reduce each of my tiles once all W ranks have flagged it."""
-    TRACE: tl.constexpr = trace_ptr is not None
     pid = tl.program_id(0)
     epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     flags = flag_words(sync_ptr, world_size)
@@ -124,17 +148,8 @@ def push_reduce_kernel(
                    flags, epoch, trace_ptr, rank, world_size, heap_bases,
                    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
     else:
-        num_pid_m = tl.cdiv(m, BLOCK_M)
-        num_pid_n = tl.cdiv(N, BLOCK_N)
-        sources = tl.arange(0, WORLD_BLOCK)
-        for tile in tl.range(pid - gemm_programs, num_pid_m * num_pid_n, tl.num_programs(0) - gemm_programs):
-            t0 = trace.now_if(TRACE)
-            wait(flags + sources * (num_pid_m * num_pid_n) + tile, epoch, rank, rank, heap_bases, cmp="ge",
-                 mask=sources < world_size)
-            trace.record(trace_ptr, trace.WAIT, tile, rank, t0, rank, TRACE)
-            t0 = trace.now_if(TRACE)
-            pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-            offs, mask = tile_offsets(pid_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)
-            sum_slots(slots, c, offs, mask, m, N, world_size)
-            trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
+        reduce_flagged_tiles(pid - gemm_programs, tl.num_programs(0) - gemm_programs,
+                             slots, c, m, N,
+                             flags, epoch, trace_ptr, rank, world_size, heap_bases,
+                             BLOCK_M, BLOCK_N, GROUP_M, WORLD_BLOCK)
     finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
