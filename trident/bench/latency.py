@@ -15,8 +15,7 @@ same run:
 * **collective** (``part="collective"``): device time of ``all_reduce`` (one_shot) from 1 KiB to
   1 MiB, eager and, on a GPU, inside a CUDA graph of ``--graph-calls`` calls (time per call).
 
-Ranks sharing one GPU need ``--mps`` (``trident bench latency -n 4 --mps`` is not a flag of the
-benchmark: use ``trident run --mps -n 4 -m trident.bench.latency``) so that their kernels run
+Ranks sharing one GPU need ``--mps`` (``trident bench latency -n 4 --mps``) so that their kernels run
 concurrently; then latency and host time are real figures, never bandwidth.
 """
 
