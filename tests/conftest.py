@@ -1,8 +1,12 @@
-"""Shared fixtures: rank pools started once per test session.
+"""Shared fixtures: rank pools started once per test session (once per module under pytest-xdist).
 
 The backend is the one trident picks (the simulator without a GPU); run the same tests on GPUs
 with ``TRIDENT_BACKEND=cuda pytest`` or ``pytest --backend cuda``. Ranks share the machine's
 GPUs round-robin (``LOCAL_RANK % device_count``), so several ranks may share one GPU.
+
+With pytest-xdist (``-n W --dist loadfile``) each worker runs whole modules with pools of its
+own; with ``--mps`` one daemon serves every worker and each rank gets ``100 / (MOST_RANKS * W)``
+percent of the SMs, so that every worker's ranks together never ask for more than the GPU has.
 """
 
 import os
@@ -22,14 +26,26 @@ def pytest_addoption(parser):
                           f"1/{MOST_RANKS} of the SMs (as `trident run --mps`); without it their kernels time-slice")
 
 
+def _xdist_workers(config) -> int:
+    """pytest-xdist's worker count (``-n W``), 1 without it."""
+    workers = getattr(config.option, "numprocesses", None)
+    if workers in (None, 0):
+        return 1
+    if not isinstance(workers, int):
+        raise pytest.UsageError(f"--mps needs an explicit worker count (-n 3), not -n {workers}: each rank's "
+                                f"SM share is 100 / ({MOST_RANKS} * workers)")
+    return workers
+
+
 def pytest_configure(config):
     backend = config.getoption("--backend")
     if backend:
         os.environ["TRIDENT_BACKEND"] = backend  # before any test module imports trident
-    if config.getoption("--mps"):
+    # xdist workers inherit the controller's environment (its daemon and SM share): only it starts one.
+    if config.getoption("--mps") and not hasattr(config, "workerinput"):
         from trident.runtime.mps import MpsDaemon
 
-        daemon = MpsDaemon(ranks_per_gpu=MOST_RANKS)
+        daemon = MpsDaemon(ranks_per_gpu=MOST_RANKS * _xdist_workers(config))
         os.environ.update(daemon.start())  # before any process of the session starts CUDA
         _MPS.append(daemon)
 
@@ -55,11 +71,25 @@ def get_pool(world_size, **env):
     return _POOLS[key]
 
 
+def _close_all_pools():
+    for pool in _POOLS.values():
+        pool.close()
+    _POOLS.clear()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _close_pools():
     yield
-    for pool in _POOLS.values():
-        pool.close()
+    _close_all_pools()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_pools_per_module_under_xdist():
+    """Under xdist a worker closes its pools after each module: workers * live ranks stay under
+    MPS's limit of client processes per GPU (48), however many modules a worker runs."""
+    yield
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _close_all_pools()
 
 
 @pytest.fixture(params=[2, 4], ids=["2ranks", "4ranks"])

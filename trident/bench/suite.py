@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import importlib.util
 import json
 import os
 import pathlib
@@ -86,6 +87,9 @@ def script(name: str, path: str, ranks: int, *args: str, limit: int) -> Step:
     return Step(name, ("{py}", "-m", "trident", "run", "-n", str(ranks), path, *args), limit)
 
 
+#: pytest-xdist's arguments for the GPU test run: three workers, each running whole modules (its own
+#: rank pools), and nothing where pytest-xdist is missing.
+XDIST = ("-n", "3", "--dist", "loadfile") if importlib.util.find_spec("xdist") else ()
 #: The machine, driver and versions the results came from (``trident info``), first in every GPU suite.
 INFO = Step("info", ("{py}", "-m", "trident", "info"), 60)
 #: Markdown tables of every results record the suite wrote (for docs/figures.md).
@@ -112,7 +116,8 @@ def _p2p() -> list[Step]:
 #: Every suite by name: its steps, run in this order.
 SUITES: dict[str, list[Step]] = {
     # The whole test suite on the GPU.
-    "gpu-tests": [INFO, pytest("pytest_cuda", "--mps", limit=540)],  # ranks concurrent, each its share of SMs
+    # Ranks concurrent under MPS, each its share of the SMs; three pytest-xdist workers (whole modules each).
+    "gpu-tests": [INFO, pytest("pytest_cuda", "--mps", *XDIST, limit=540)],
     # trident.ops.matmul against torch.matmul (cuBLAS): bf16 with the sweep of candidate configs, fp16 the table's.
     "gpu-gemm": [INFO, bench("gemm_bf16", "gemm", 1, "--sweep", "--dtype", "bfloat16", limit=420),
                  bench("gemm_fp16", "gemm", 1, "--dtype", "float16", limit=120)],
