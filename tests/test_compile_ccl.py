@@ -15,16 +15,29 @@ from trident.ccl import kernels as K
 COMMON = {"sync_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64", "BLOCK": "constexpr",
           "WORLD_BLOCK": "constexpr"}
 CASES = {
-    "all_gather": (K.all_gather_kernel, {"inp_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32"}, {}),
+    "all_gather": (K.all_gather_kernel, {"src_ptr": "*bf16", "inp_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32",
+                   "STAGE": "constexpr"}, {"STAGE": False}),
+    "all_gather_staged": (K.all_gather_kernel, {"src_ptr": "*bf16", "inp_ptr": "*bf16", "out_ptr": "*bf16",
+                          "n": "i32", "STAGE": "constexpr"}, {"STAGE": True}),
     "reduce_scatter": (K.reduce_scatter_kernel, {"inp_ptr": "*fp16", "out_ptr": "*fp16", "m": "i32", "OP": "constexpr",
                        "ACC": "constexpr"}, {"OP": "sum", "ACC": tl.float32}),
-    "all_to_all": (K.all_to_all_kernel, {"inp_ptr": "*fp32", "out_ptr": "*fp32", "table_ptr": "*i64", "inner": "i32"},
-                   {}),
+    "all_to_all_v": (K.all_to_all_kernel, {"inp_ptr": "*fp32", "out_ptr": "*fp32", "table_ptr": "*i64", "inner": "i32",
+                     "equal_rows": "i32", "EQUAL": "constexpr"}, {"EQUAL": False}),
+    "all_to_all": (K.all_to_all_kernel, {"inp_ptr": "*fp32", "out_ptr": "*fp32", "table_ptr": "*i64", "inner": "i32",
+                   "equal_rows": "i32", "EQUAL": "constexpr"}, {"EQUAL": True}),
     "broadcast": (K.broadcast_kernel, {"x_ptr": "*i32", "n": "i32", "src": "i32"}, {}),
-    "one_shot": (K.all_reduce_one_shot_kernel, {"x_ptr": "*bf16", "scratch_ptr": "*bf16", "n": "i32",
-                 "OP": "constexpr", "ACC": "constexpr"}, {"OP": "max", "ACC": tl.float32}),
-    "two_shot": (K.all_reduce_two_shot_kernel, {"x_ptr": "*i64", "scratch_ptr": "*i64", "n": "i32", "chunk": "i32",
-                 "OP": "constexpr", "ACC": "constexpr"}, {"OP": "min", "ACC": tl.int64}),
+    "one_shot": (K.all_reduce_one_shot_kernel, {"src_ptr": "*bf16", "x_ptr": "*bf16", "scratch_ptr": "*bf16",
+                 "out_ptr": "*bf16", "n": "i32", "OP": "constexpr", "ACC": "constexpr", "STAGE": "constexpr"},
+                 {"OP": "max", "ACC": tl.float32, "STAGE": False}),
+    "one_shot_staged": (K.all_reduce_one_shot_kernel, {"src_ptr": "*bf16", "x_ptr": "*bf16", "scratch_ptr": "*bf16",
+                        "out_ptr": "*bf16", "n": "i32", "OP": "constexpr", "ACC": "constexpr", "STAGE": "constexpr"},
+                        {"OP": "sum", "ACC": tl.float32, "STAGE": True}),
+    "two_shot": (K.all_reduce_two_shot_kernel, {"src_ptr": "*i64", "x_ptr": "*i64", "scratch_ptr": "*i64",
+                 "out_ptr": "*i64", "n": "i32", "chunk": "i32", "OP": "constexpr", "ACC": "constexpr",
+                 "STAGE": "constexpr"}, {"OP": "min", "ACC": tl.int64, "STAGE": False}),
+    "two_shot_staged": (K.all_reduce_two_shot_kernel, {"src_ptr": "*fp16", "x_ptr": "*fp16", "scratch_ptr": "*fp16",
+                        "out_ptr": "*fp16", "n": "i32", "chunk": "i32", "OP": "constexpr", "ACC": "constexpr",
+                        "STAGE": "constexpr"}, {"OP": "sum", "ACC": tl.float32, "STAGE": True}),
 }
 results = {}
 for name, (fn, sig, cst) in CASES.items():
@@ -33,7 +46,7 @@ for name, (fn, sig, cst) in CASES.items():
         constexprs = {"BLOCK": 1024, "WORLD_BLOCK": 8, **cst}
         if ones:
             signature, constexprs = with_ones(signature, constexprs,
-                                              ("rank", "world_size", "n", "m", "chunk", "inner", "src"))
+                                              ("rank", "world_size", "n", "m", "chunk", "inner", "src", "equal_rows"))
         try:
             compile_ptx(fn, signature, constexprs)
             results[f"{name}{'-ones' if ones else ''}"] = "ok"
@@ -45,6 +58,6 @@ print(json.dumps(results))
 
 def test_collective_kernels_compile_for_sm90_also_with_arguments_equal_to_one(tmp_path):
     results = run_child(CHILD, tmp_path)
-    assert len(results) == 12
+    assert len(results) == 20
     failed = {k: v for k, v in results.items() if v != "ok"}
     assert not failed, failed

@@ -1,9 +1,15 @@
 """Host-level collectives with torch.distributed's semantics, run by trident kernels on the heap.
 
 Each call checks its arguments (before anything runs), stages tensors that are not on the heap
-through a symmetric buffer (a copy in and, for outputs peers write, a copy out), and launches
-one kernel on the current stream. There is no host synchronization inside, so the calls can be
-captured in a CUDA graph, as long as split sizes are given as device tensors.
+through a symmetric buffer (inside the kernel for all_gather and all_reduce; a copy in and out
+for the others), and launches one kernel on the current stream. There is no host
+synchronization inside, so the calls can be captured in a CUDA graph, as long as split sizes are
+given as device tensors.
+
+The small-message path: a call whose key (its tensors' addresses, shapes, strides and dtypes,
+and its options) was seen before replays the plan that call recorded (the kernel launched
+through its compiled handle, the copies it needed), skipping the checks it passed then
+(:mod:`trident.kernels.prepared`). The debug mode checks every call in full.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ import triton
 import triton.language as tl
 
 from ..errors import NotSymmetricError
+from ..kernels.prepared import Plan, launch, plan_key
 from . import kernels
 from .kernels import MAX_PROGRAMS
-from .workspace import workspace
+from .workspace import keep_plan, new_plan, replay, run_step, workspace
 
 OPS = {"sum": "sum", "max": "max", "min": "min"}
 _REDUCE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min"}
@@ -86,19 +93,19 @@ def _program_limit(ctx) -> int:
     return min(ctx.platform.program_limit, MAX_PROGRAMS)
 
 
-def _launch(ctx, kernel, work_items: int | None, *args, **constexprs) -> None:
-    """Launch ``kernel`` with enough programs for the work, up to the limit.
+def _launch(ctx, plan: Plan | None, kernel, work_items: int | None, *args, **constexprs) -> None:
+    """Launch ``kernel`` with enough programs for the work, up to the limit; record it in ``plan``.
 
     ``work_items`` must be the same on every rank: program ``pid`` meets program ``pid`` of the
     other ranks. None launches the limit (for work whose size differs between ranks).
     """
     ws = workspace(ctx)
-    block = constexprs.pop("BLOCK")
+    block = constexprs["BLOCK"]
     limit = _program_limit(ctx)
     programs = limit if work_items is None else max(1, min(triton.cdiv(max(work_items, 1), block), limit))
-    kernel[(programs,)](*args, ws.sync, ctx.rank, ctx.world_size, ctx.heap_bases, BLOCK=block,
-                        WORLD_BLOCK=triton.next_power_of_2(ctx.world_size), num_warps=4 if block <= 2048 else 8,
-                        **constexprs)
+    launch(plan, kernel, (programs,), (*args, ws.sync, ctx.rank, ctx.world_size, ctx.heap_bases),
+           {**constexprs, "WORLD_BLOCK": triton.next_power_of_2(ctx.world_size)},
+           num_warps=4 if block <= 2048 else 8)
 
 
 def _block(ctx, numel: int) -> int:
@@ -108,8 +115,9 @@ def _block(ctx, numel: int) -> int:
     return 1024 if numel <= 64 * 1024 else 4096
 
 
-def _on_heap(ctx, t: torch.Tensor, name: str, copy_in: bool) -> torch.Tensor:
-    """``t`` itself when it lies on the heap, else a staging buffer (with t's data when ``copy_in``).
+def _on_heap(ctx, t: torch.Tensor, name: str, copy_in: bool, plan: Plan | None = None) -> torch.Tensor:
+    """``t`` itself when it lies on the heap, else a staging buffer (with t's data when ``copy_in``,
+    a copy recorded in ``plan`` too).
 
     Ranks may decide differently (and pass heap tensors at different offsets): the kernels
     exchange where each rank's tensor lies. The staging buffer is allocated on every rank all the
@@ -118,7 +126,7 @@ def _on_heap(ctx, t: torch.Tensor, name: str, copy_in: bool) -> torch.Tensor:
     if ctx.is_symmetric(t):
         return t
     if copy_in:
-        stage.copy_(t)
+        run_step(plan, lambda: stage.copy_(t))
     return stage
 
 
@@ -151,13 +159,19 @@ def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
         out = torch.empty(ctx.world_size * 1024, device=ctx.device)
         trident.ccl.all_gather(ctx, out, ctx.ones(1024))
     """
+    key = plan_key("all_gather", out, inp)
+    if replay(ctx, key):
+        return out
     _check(ctx, "all_gather", out=out, inp=inp)
     if out.numel() != ctx.world_size * inp.numel():
         raise ValueError(f"rank {ctx.rank}: all_gather: out has {out.numel()} elements, expected world_size x "
                          f"inp = {ctx.world_size} x {inp.numel()} (inp shape {tuple(inp.shape)})")
     ctx.agree_in_debug("all_gather", tuple(inp.shape), inp.dtype)
-    source = _on_heap(ctx, inp, INPUT_STAGE, copy_in=True)
-    _launch(ctx, kernels.all_gather_kernel, inp.numel(), source, out, inp.numel(), BLOCK=_block(ctx, inp.numel()))
+    plan = new_plan(ctx, key)
+    source = _on_heap(ctx, inp, INPUT_STAGE, copy_in=False)  # staged inside the kernel
+    _launch(ctx, plan, kernels.all_gather_kernel, inp.numel(), inp, source, out, inp.numel(),
+            STAGE=source is not inp, BLOCK=_block(ctx, inp.numel()))
+    keep_plan(ctx, key, plan)
     return out
 
 
@@ -169,15 +183,20 @@ def reduce_scatter(ctx, out: torch.Tensor, inp: torch.Tensor, op="sum") -> torch
         out = torch.empty(1024, device=ctx.device)
         trident.ccl.reduce_scatter(ctx, out, ctx.ones(ctx.world_size * 1024))   # out == world_size
     """
+    key = plan_key("reduce_scatter", out, inp, op)
+    if replay(ctx, key):
+        return out
     _check(ctx, "reduce_scatter", out=out, inp=inp)
     name = _op_name(op)
     if inp.numel() != ctx.world_size * out.numel():
         raise ValueError(f"rank {ctx.rank}: reduce_scatter: inp has {inp.numel()} elements, expected world_size x "
                          f"out = {ctx.world_size} x {out.numel()}")
     ctx.agree_in_debug("reduce_scatter", tuple(inp.shape), inp.dtype, name)
-    source = _on_heap(ctx, inp, INPUT_STAGE, copy_in=True)
-    _launch(ctx, kernels.reduce_scatter_kernel, out.numel(), source, out, out.numel(), OP=name,
+    plan = new_plan(ctx, key)
+    source = _on_heap(ctx, inp, INPUT_STAGE, copy_in=True, plan=plan)
+    _launch(ctx, plan, kernels.reduce_scatter_kernel, out.numel(), source, out, out.numel(), OP=name,
             ACC=_acc_dtype(inp.dtype), BLOCK=_block(ctx, out.numel()))
+    keep_plan(ctx, key, plan)
     return out
 
 
@@ -198,6 +217,9 @@ def all_reduce(ctx, tensor: torch.Tensor, op="sum", algorithm: str = "auto") -> 
         x = ctx.full((4096,), float(ctx.rank))
         trident.ccl.all_reduce(ctx, x)      # every element: 0 + 1 + ... + world_size-1
     """
+    key = plan_key("all_reduce", tensor, op, algorithm)
+    if replay(ctx, key):
+        return tensor
     _check(ctx, "all_reduce", tensor=tensor)
     name = _op_name(op)
     if algorithm not in ALGORITHMS:
@@ -206,17 +228,16 @@ def all_reduce(ctx, tensor: torch.Tensor, op="sum", algorithm: str = "auto") -> 
         algorithm = "one_shot" if tensor.numel() * tensor.element_size() <= ONE_SHOT_MAX_BYTES else "two_shot"
     ctx.agree_in_debug("all_reduce", tuple(tensor.shape), tensor.dtype, name, algorithm)
     n = tensor.numel()
-    x = _on_heap(ctx, tensor, INPUT_STAGE, copy_in=True)
+    plan = new_plan(ctx, key)
+    x = _on_heap(ctx, tensor, INPUT_STAGE, copy_in=False)  # staged inside the kernel
     scratch = workspace(ctx).buffer("scratch", n, tensor.dtype)
-    acc, block = _acc_dtype(tensor.dtype), _block(ctx, n)
+    meta = {"OP": name, "ACC": _acc_dtype(tensor.dtype), "STAGE": x is not tensor, "BLOCK": _block(ctx, n)}
     if algorithm == "one_shot":
-        _launch(ctx, kernels.all_reduce_one_shot_kernel, n, x, scratch, n, OP=name, ACC=acc, BLOCK=block)
+        _launch(ctx, plan, kernels.all_reduce_one_shot_kernel, n, tensor, x, scratch, tensor, n, **meta)
     else:
         chunk = triton.cdiv(n, ctx.world_size)
-        _launch(ctx, kernels.all_reduce_two_shot_kernel, chunk, x, scratch, n, chunk, OP=name, ACC=acc,
-                BLOCK=block)
-    if x is not tensor:
-        tensor.copy_(x.view(tensor.shape))
+        _launch(ctx, plan, kernels.all_reduce_two_shot_kernel, chunk, tensor, x, scratch, tensor, n, chunk, **meta)
+    keep_plan(ctx, key, plan)
     return tensor
 
 
@@ -272,20 +293,19 @@ def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_split
             f"rank {ctx.rank}: all_to_all_v: inp must lie on the heap (its size differs between ranks, so it "
             f"cannot be staged): allocate a buffer of the largest size with ctx.empty and pass a slice of it"
         )
-    return _all_to_all_rows(ctx, out, inp, out_splits, in_splits, "all_to_all_v")
-
-
-def _all_to_all_rows(ctx, out, source, out_splits, in_splits, what: str, per_peer: int | None = None) -> torch.Tensor:
-    """The row exchange of both all-to-alls. ``per_peer``: elements every rank sends each peer when that is
-    the same everywhere (all_to_all), so the grid fits the work; None (all_to_all_v) launches the limit."""
-    if out.dim() == 0 or source.dim() == 0 or out.shape[1:] != source.shape[1:]:
-        raise ValueError(f"rank {ctx.rank}: {what}: out {tuple(out.shape)} and inp {tuple(source.shape)} must "
-                         f"have at least one dimension and match beyond dim 0")
-    table = _split_table(ctx, in_splits, out_splits, source.shape[0], out.shape[0], what)
-    ctx.agree_in_debug(what, tuple(source.shape[1:]), source.dtype)
-    _launch(ctx, kernels.all_to_all_kernel, per_peer, source, out, table, math.prod(source.shape[1:]),
-            BLOCK=_block(ctx, out.numel()))
+    _check_rows(ctx, out, inp, "all_to_all_v")
+    table = _split_table(ctx, in_splits, out_splits, inp.shape[0], out.shape[0], "all_to_all_v")
+    ctx.agree_in_debug("all_to_all_v", tuple(inp.shape[1:]), inp.dtype)
+    # Row counts differ between ranks: launch the limit (program pid must meet pid everywhere).
+    _launch(ctx, None, kernels.all_to_all_kernel, None, inp, out, table, math.prod(inp.shape[1:]), 0,
+            EQUAL=False, BLOCK=_block(ctx, out.numel()))
     return out
+
+
+def _check_rows(ctx, out, inp, what: str) -> None:
+    if out.dim() == 0 or inp.dim() == 0 or out.shape[1:] != inp.shape[1:]:
+        raise ValueError(f"rank {ctx.rank}: {what}: out {tuple(out.shape)} and inp {tuple(inp.shape)} must "
+                         f"have at least one dimension and match beyond dim 0")
 
 
 def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
@@ -297,6 +317,9 @@ def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
 
         trident.ccl.all_to_all(ctx, out, inp)   # inp.shape[0] divisible by world_size
     """
+    key = plan_key("all_to_all", out, inp)
+    if replay(ctx, key):
+        return out
     _check(ctx, "all_to_all", out=out, inp=inp)
     w = ctx.world_size
     if inp.dim() == 0 or inp.shape[0] % w or out.shape != inp.shape:
@@ -305,10 +328,15 @@ def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
     if _overlap(out, inp):
         raise ValueError(f"rank {ctx.rank}: all_to_all: out and inp share memory; every rank reads its peers' "
                          f"inp while they write their out, so in place is not possible: pass a separate out")
-    rows = inp.shape[0] // w
-    source = _on_heap(ctx, inp, INPUT_STAGE, copy_in=True)  # equal sizes everywhere: staging is collective
-    return _all_to_all_rows(ctx, out, source, [rows] * w, [rows] * w, "all_to_all",
-                            per_peer=rows * math.prod(inp.shape[1:]))
+    ctx.agree_in_debug("all_to_all", tuple(inp.shape), inp.dtype)
+    plan = new_plan(ctx, key)
+    rows, inner = inp.shape[0] // w, math.prod(inp.shape[1:])
+    source = _on_heap(ctx, inp, INPUT_STAGE, copy_in=True, plan=plan)  # equal sizes everywhere: collective
+    # Equal splits: the offsets follow from the row count, so no split table is built or read.
+    _launch(ctx, plan, kernels.all_to_all_kernel, rows * inner, source, out, workspace(ctx).table, inner, rows,
+            EQUAL=True, BLOCK=_block(ctx, out.numel()))
+    keep_plan(ctx, key, plan)
+    return out
 
 
 def broadcast(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
@@ -318,12 +346,18 @@ def broadcast(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
 
         trident.ccl.broadcast(ctx, weights, src=0)
     """
+    key = plan_key("broadcast", tensor, src)
+    if replay(ctx, key):
+        return tensor
     _check(ctx, "broadcast", tensor=tensor)
     if not isinstance(src, int) or not 0 <= src < ctx.world_size:
         raise ValueError(f"rank {ctx.rank}: broadcast: src={src!r} is not a rank (world size {ctx.world_size})")
     ctx.agree_in_debug("broadcast", tuple(tensor.shape), tensor.dtype, src)
-    x = _on_heap(ctx, tensor, INPUT_STAGE, copy_in=ctx.rank == src)
-    _launch(ctx, kernels.broadcast_kernel, tensor.numel(), x, tensor.numel(), src, BLOCK=_block(ctx, tensor.numel()))
+    plan = new_plan(ctx, key)
+    x = _on_heap(ctx, tensor, INPUT_STAGE, copy_in=ctx.rank == src, plan=plan)
+    _launch(ctx, plan, kernels.broadcast_kernel, tensor.numel(), x, tensor.numel(), src,
+            BLOCK=_block(ctx, tensor.numel()))
     if x is not tensor:
-        tensor.copy_(x)
+        run_step(plan, lambda: tensor.copy_(x))
+    keep_plan(ctx, key, plan)
     return tensor

@@ -117,13 +117,31 @@ def _tile(tile, limit, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _stage_tiles(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    """Copy this program's tiles (``pid, pid + programs, ...``) of ``n`` elements from ``src`` to ``dst``.
+
+    How a plain input gets onto the heap inside the kernel: program ``pid`` of every rank stages
+    exactly the tiles that program ``pid`` of the peers later reads, and the entry sync's release
+    publishes them, so no separate copy (nor its host time) is needed.
+    """
+    for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs, mask = _tile(tile, n, BLOCK)
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask), mask=mask)
+
+
+@triton.jit
 def all_gather_kernel(
-    inp_ptr, out_ptr, n,  # my n input elements; out holds every rank's, in rank order
+    src_ptr, inp_ptr, out_ptr, n,  # my n input elements (src; inp: on the heap); out holds every rank's
     sync_ptr,
     rank, world_size, heap_bases,
-    BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+    STAGE: tl.constexpr, BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
-    """Every rank reads every peer's ``n`` input elements into its slot of ``out``."""
+    """Every rank reads every peer's ``n`` input elements into its slot of ``out``.
+
+    With ``STAGE`` the input ``src`` is not on the heap: it is first copied into ``inp`` (a heap buffer).
+    """
+    if STAGE:
+        _stage_tiles(src_ptr, inp_ptr, n, BLOCK)
     epoch, shift = _enter(inp_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, n, BLOCK)
@@ -153,19 +171,28 @@ def reduce_scatter_kernel(
 
 @triton.jit
 def all_to_all_kernel(
-    inp_ptr, out_ptr, table_ptr, inner,  # rows of `inner` elements, moved as this rank's table says
+    inp_ptr, out_ptr, table_ptr, inner, equal_rows,  # rows of `inner` elements, moved as the table says
     sync_ptr,
     rank, world_size, heap_bases,
-    BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+    EQUAL: tl.constexpr, BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
     """Rows ``table[0:W]`` = how many rows each rank sends to each rank, ``table[W:2W]`` = where they start
-    in its input, ``table[2W:3W]`` = where the rows from each rank start in my output (this rank's table)."""
+    in its input, ``table[2W:3W]`` = where the rows from each rank start in my output (this rank's table).
+
+    With ``EQUAL`` every rank sends ``equal_rows`` rows to every rank, in rank order: no table is read.
+    """
     epoch, shift = _enter(inp_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     for i in range(world_size):
         peer = (rank + i) % world_size
-        count = load(table_ptr + rank, rank, peer, heap_bases) * inner
-        src = shifted(inp_ptr, shift, peer) + load(table_ptr + world_size + rank, rank, peer, heap_bases) * inner
-        dst = out_ptr + tl.load(table_ptr + 2 * world_size + peer) * inner
+        if EQUAL:
+            count = equal_rows * inner
+            src = shifted(inp_ptr, shift, peer) + tl.cast(rank, tl.int64) * count
+            dst = out_ptr + tl.cast(peer, tl.int64) * count
+        else:
+            count = load(table_ptr + rank, rank, peer, heap_bases) * inner
+            first = load(table_ptr + world_size + rank, rank, peer, heap_bases)
+            src = shifted(inp_ptr, shift, peer) + first * inner
+            dst = out_ptr + tl.load(table_ptr + 2 * world_size + peer) * inner
         for tile in range(tl.program_id(0), tl.cdiv(count, BLOCK), tl.num_programs(0)):
             offs, mask = _tile(tile, count, BLOCK)
             tl.store(dst + offs, load(src + offs, rank, peer, heap_bases, mask=mask), mask=mask)
@@ -191,41 +218,61 @@ def broadcast_kernel(
 
 @triton.jit
 def all_reduce_one_shot_kernel(
-    x_ptr, scratch_ptr, n,  # x (n elements) is reduced in place, through scratch (n elements)
+    src_ptr, x_ptr, scratch_ptr, out_ptr, n,  # n elements: src's reduced over ranks into out, through x
     sync_ptr,
     rank, world_size, heap_bases,
     OP: tl.constexpr, ACC: tl.constexpr,
-    BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+    STAGE: tl.constexpr, BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
-    """Every rank reads every peer's whole tensor; results wait in scratch until peers are done reading."""
+    """Every rank reads every peer's whole tensor ``x`` (on the heap).
+
+    In place (``STAGE`` off: ``src``, ``x`` and ``out`` are one tensor) results wait in ``scratch``
+    until peers are done reading ``x``. With ``STAGE`` the caller's ``src`` is first copied into
+    ``x`` (a heap buffer), and results go straight to ``out``, which no peer reads.
+    """
+    if STAGE:
+        _stage_tiles(src_ptr, x_ptr, n, BLOCK)
     epoch, shift = _enter(x_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, n, BLOCK)
         total = reduce_tile(x_ptr + offs, rank, world_size, heap_bases, mask, OP, ACC, shift)
-        tl.store(scratch_ptr + offs, total, mask=mask)
+        if STAGE:
+            tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+        else:
+            tl.store(scratch_ptr + offs, total, mask=mask)
     _exit(epoch, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
-    for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
-        offs, mask = _tile(tile, n, BLOCK)
-        tl.store(x_ptr + offs, tl.load(scratch_ptr + offs, mask=mask), mask=mask)
+    if not STAGE:
+        for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+            offs, mask = _tile(tile, n, BLOCK)
+            tl.store(out_ptr + offs, tl.load(scratch_ptr + offs, mask=mask), mask=mask)
 
 
 @triton.jit
 def all_reduce_two_shot_kernel(
-    x_ptr, scratch_ptr, n, chunk,  # x (n elements, world_size chunks of `chunk`) is reduced in place
+    src_ptr, x_ptr, scratch_ptr, out_ptr, n, chunk,  # n elements (world_size chunks of `chunk`), src into out
     sync_ptr,
     rank, world_size, heap_bases,
     OP: tl.constexpr, ACC: tl.constexpr,
-    BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+    STAGE: tl.constexpr, BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
-    """Reduce-scatter into scratch (rank r owns chunk r), then every rank gathers every chunk.
+    """Reduce-scatter into scratch (rank r owns chunk r), then every rank gathers every chunk into ``out``.
 
     Tile t of every chunk belongs to the same program on every rank, so after the middle sync of
     program ``pid`` the tiles it gathers are reduced, and nobody reads them from ``x`` any more.
     Scratch (a workspace buffer: the same offset everywhere) is reused only after the next call's
-    entry sync, so no exit sync is needed.
+    entry sync, so no exit sync is needed. With ``STAGE`` the caller's ``src`` is first copied into
+    ``x`` on the heap (program ``pid`` stages tile t of every chunk, which is what program ``pid``
+    of each peer reads); without, ``src``, ``x`` and ``out`` are one tensor.
     """
-    epoch, shift = _enter(x_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     tiles = tl.cdiv(chunk, BLOCK)
+    if STAGE:
+        for owner in range(world_size):
+            for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
+                local, in_chunk = _tile(tile, chunk, BLOCK)
+                offs = tl.cast(owner, tl.int64) * chunk + local
+                mask = in_chunk & (offs < n)
+                tl.store(x_ptr + offs, tl.load(src_ptr + offs, mask=mask), mask=mask)
+    epoch, shift = _enter(x_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
         local, in_chunk = _tile(tile, chunk, BLOCK)
         offs = tl.cast(rank, tl.int64) * chunk + local
@@ -239,5 +286,5 @@ def all_reduce_two_shot_kernel(
             local, in_chunk = _tile(tile, chunk, BLOCK)
             offs = tl.cast(owner, tl.int64) * chunk + local
             mask = in_chunk & (offs < n)
-            tl.store(x_ptr + offs, load(scratch_ptr + offs, rank, owner, heap_bases, mask=mask), mask=mask)
+            tl.store(out_ptr + offs, load(scratch_ptr + offs, rank, owner, heap_bases, mask=mask), mask=mask)
     _finish(epoch, sync_ptr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.prepared import Plan, PlanCache
 from ..runtime.resources import GrowingBuffer
 from .kernels import sync_words
 
@@ -21,7 +22,9 @@ class Workspace:
 
     Attributes:
         sync: the kernels' sync block (int64; layout in :mod:`trident.ccl.kernels`), zeroed once.
-        table: ``3 * world_size`` int64 words: the split table of ``all_to_all(_v)``.
+        table: ``3 * world_size`` int64 words: the split table of ``all_to_all_v``.
+        plans: the recorded calls of the small-message path (:mod:`trident.kernels.prepared`),
+            forgotten whenever a buffer grows (a plan holds the buffers' addresses).
     """
 
     def __init__(self, ctx):
@@ -29,6 +32,7 @@ class Workspace:
         self.sync = ctx.zeros(sync_words(ctx.world_size), dtype=torch.int64)
         self.table = ctx.zeros(3 * ctx.world_size, dtype=torch.int64)
         self._buffers: dict[str, GrowingBuffer] = {}
+        self.plans = PlanCache()
         # A faster rank must not signal into our sync slots before we have zeroed them.
         ctx.barrier()
 
@@ -52,7 +56,11 @@ class Workspace:
         if grower is None:
             grower = self._buffers[name] = GrowingBuffer(self.ctx)
         nbytes = numel * dtype.itemsize
-        return grower.get(nbytes)[:nbytes].view(dtype)  # [:nbytes]: get() gives at least one byte
+        generation = grower.generation
+        buffer = grower.get(nbytes)[:nbytes].view(dtype)  # [:nbytes]: get() gives at least one byte
+        if grower.generation != generation:
+            self.plans.clear()  # the old buffer is freed: no plan may launch on it again
+        return buffer
 
 
 def workspace(ctx) -> Workspace:
@@ -66,3 +74,35 @@ def workspace(ctx) -> Workspace:
         table = workspace(ctx).table
     """
     return ctx.resource(RESOURCE_KEY, lambda: Workspace(ctx))
+
+
+# The small-message path of the collectives: a call replays the plan its key recorded (see
+# trident.kernels.prepared and the module docstring of trident.ccl.api).
+
+def replay(ctx, key) -> bool:
+    """Run the plan recorded for ``key``, if there is one (never in the debug mode); whether it ran."""
+    if key is None or ctx.debug:
+        return False
+    plan = workspace(ctx).plans.get(key)
+    if plan is None:
+        return False
+    plan()
+    return True
+
+
+def new_plan(ctx, key) -> Plan | None:
+    """A plan to record this call into (None in the debug mode, which records nothing)."""
+    return None if key is None or ctx.debug else Plan()
+
+
+def keep_plan(ctx, key, plan: Plan | None) -> None:
+    """Remember a plan once its call has passed every check and launched."""
+    if plan is not None:
+        workspace(ctx).plans.put(key, plan)
+
+
+def run_step(plan: Plan | None, step) -> None:
+    """Run a host step now, and again in every replay of ``plan``."""
+    step()
+    if plan is not None:
+        plan.steps.append(step)

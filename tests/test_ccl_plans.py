@@ -1,0 +1,107 @@
+"""The collectives' small-message path: a repeated call replays the plan its first call recorded.
+
+Pinned here: a replay gives the same results as a full call (new data in the same buffers, heap
+and plain tensors, every collective); a call on other memory, or with other options, does not
+replay another call's plan; a bad call after good ones still raises; a buffer that grows drops
+every plan (they point at the freed buffer); the debug mode records nothing.
+"""
+
+import pytest
+import torch
+
+from tests.conftest import get_pool
+from trident import ccl
+from trident.ccl.workspace import workspace
+
+
+def _filled(ctx, t, value):
+    t.copy_(torch.full(t.shape, float(value), dtype=t.dtype))
+    return t
+
+
+def _repeat_every_collective(ctx, plain):
+    """Each collective three times on the same buffers with new data each time; returns what went wrong."""
+    w, r = ctx.world_size, ctx.rank
+    make = (lambda *shape: torch.zeros(*shape, device=ctx.device)) if plain else (lambda *shape: ctx.zeros(*shape))
+    x, gathered, part, inp, out = make(300), make(w * 40), make(40), make(w * 8), make(w * 8)
+    wrong = []
+    for step in range(3):
+        _filled(ctx, x, r + step)
+        ccl.all_reduce(ctx, x)
+        if not torch.all(x == sum(range(w)) + w * step):
+            wrong.append(f"all_reduce step {step}: {x[:3].tolist()}")
+        ccl.all_gather(ctx, gathered, _filled(ctx, part, 10 * r + step))
+        expect = torch.cat([torch.full((40,), 10.0 * p + step) for p in range(w)])
+        if not torch.equal(gathered.cpu(), expect):
+            wrong.append(f"all_gather step {step}")
+        inp.copy_(torch.arange(w * 8, dtype=inp.dtype) + 100 * r + step)
+        ccl.all_to_all(ctx, out, inp)
+        expect = torch.cat([torch.arange(r * 8, r * 8 + 8, dtype=inp.dtype) + 100 * p + step for p in range(w)])
+        if not torch.equal(out.cpu(), expect):
+            wrong.append(f"all_to_all step {step}: {out.tolist()}")
+        ccl.reduce_scatter(ctx, part, _filled(ctx, gathered, r + step))
+        if not torch.all(part == sum(range(w)) + w * step):
+            wrong.append(f"reduce_scatter step {step}")
+        ccl.broadcast(ctx, _filled(ctx, x, r + step), src=w - 1)
+        if not torch.all(x == w - 1 + step):
+            wrong.append(f"broadcast step {step}")
+    return wrong, len(workspace(ctx).plans)
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["heap", "plain"])
+def test_repeated_calls_replay_their_plan_with_new_data(pool, plain):
+    for wrong, plans in pool.run(_repeat_every_collective, plain):
+        assert not wrong, wrong
+        assert plans == 5  # one plan per collective: the second and third calls replayed it
+
+
+def _other_memory_and_options(ctx):
+    x = ctx.zeros(64)
+    y = ctx.zeros(64)
+    ccl.all_reduce(ctx, _filled(ctx, x, 1))
+    ccl.all_reduce(ctx, _filled(ctx, y, 2))                     # other memory: its own plan
+    ccl.all_reduce(ctx, _filled(ctx, x, 3), op="max")           # other option: its own plan
+    results = [x.cpu().clone(), y.cpu().clone()]
+    plans = len(workspace(ctx).plans)
+    try:
+        ccl.all_reduce(ctx, x, op="prod")                       # a bad option after good calls still raises
+        raised = ""
+    except ValueError as exc:
+        raised = str(exc)
+    return results, plans, raised
+
+
+def test_a_plan_is_only_replayed_for_its_own_memory_and_options(pool2):
+    for (x, y), plans, raised in pool2.run(_other_memory_and_options):
+        assert torch.all(x == 3) and torch.all(y == 4)
+        assert plans == 3
+        assert "not supported" in raised
+
+
+def _growth_drops_plans(ctx):
+    small = torch.zeros(16, device=ctx.device)
+    ccl.all_reduce(ctx, _filled(ctx, small, 1))                 # plain: staged through the input buffer
+    before = len(workspace(ctx).plans)
+    big = torch.zeros(1 << 16, device=ctx.device)
+    ccl.all_reduce(ctx, _filled(ctx, big, 1))                   # the input buffer grows: plans dropped
+    after = len(workspace(ctx).plans)
+    ccl.all_reduce(ctx, _filled(ctx, small, 2))                 # recorded afresh on the new buffer
+    return before, after, small.cpu().clone(), big[:4].cpu().clone()
+
+
+def test_a_growing_buffer_drops_every_plan(pool2):
+    for before, after, small, big in pool2.run(_growth_drops_plans):
+        assert before == 1 and after == 1  # the big call's plan only
+        assert torch.all(small == 4) and torch.all(big == 2)
+
+
+def _debug_records_nothing(ctx):
+    x = ctx.zeros(32)
+    for step in range(2):
+        ccl.all_reduce(ctx, _filled(ctx, x, step))
+    return len(workspace(ctx).plans), x.cpu().clone()
+
+
+def test_the_debug_mode_records_no_plan():
+    for plans, x in get_pool(2, TRIDENT_DEBUG="1").run(_debug_records_nothing):
+        assert plans == 0 and torch.all(x == 2)

@@ -1,0 +1,140 @@
+"""Host calls that repeat: each step prepared once per key, replayed on every later call.
+
+What a small collective costs on the host is mostly Python: argument checks, workspace lookups,
+and Triton's own launch path, which binds and specializes every argument and looks the compiled
+kernel up on every launch (about 16 us per empty launch on the H200 machine, against about
+3 us for the compiled kernel's launcher alone). A decode loop calls the same collective on the
+same buffers every step, so all of that gives the same answer every time.
+
+A :class:`PlanCache` maps a key (everything a call's work is made from: the tensors' addresses,
+shapes, strides and dtypes, and the call's options) to a :class:`Plan`, the list of steps that
+call ran. The first call with a key checks everything and runs normally through
+:func:`launch`, which records each kernel launch as a step bound to its final arguments; later
+calls with the same key run the steps straight away. A key only ever holds a plan made by a
+call that passed every check, and the arguments are the same by construction (the key holds
+everything they come from), so the replay launches exactly what a full call would.
+
+Example::
+
+    plans = PlanCache()
+    plan = plans.get(key)
+    if plan is None:
+        check(...)                                   # raises before anything is recorded
+        plan = Plan()
+        launch(plan, kernel, (programs,), (x, n, ...), {"BLOCK": 1024}, num_warps=4)
+        plans.put(key, plan)
+    else:
+        plan()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+#: Plans a cache keeps; past this many keys the oldest is dropped (a loop with ever-new buffers
+#: must not grow the cache without bound).
+MAX_PLANS = 256
+
+
+class Plan:
+    """The steps of one call, in order; calling the plan runs them.
+
+    A step is a callable without arguments: a prepared kernel launch (:func:`launch`) or any host
+    step that must run again on every call (``plan.steps.append(lambda: out.copy_(stage))``).
+    """
+
+    __slots__ = ("steps",)
+
+    def __init__(self):
+        self.steps: list[Callable[[], object]] = []
+
+    def __call__(self) -> None:
+        for step in self.steps:
+            step()
+
+
+class PlanCache:
+    """Plans by key, at most :data:`MAX_PLANS` (the oldest dropped first); :meth:`clear` forgets all
+    (call it when memory a plan points at may have moved, e.g. when a workspace buffer grew)."""
+
+    def __init__(self, max_plans: int = MAX_PLANS):
+        self.max_plans = max_plans
+        self._plans: dict = {}
+
+    def get(self, key) -> Plan | None:
+        """The plan recorded for ``key``, or None."""
+        return self._plans.get(key)
+
+    def put(self, key, plan: Plan) -> None:
+        """Remember ``plan`` for ``key``."""
+        if len(self._plans) >= self.max_plans:
+            del self._plans[next(iter(self._plans))]
+        self._plans[key] = plan
+
+    def clear(self) -> None:
+        """Forget every plan."""
+        self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+def plan_key(*parts):
+    """A key for a call: tensors by address, shape, strides and dtype, anything else as it is; None when
+    a part is neither a tensor nor hashable (the call then takes the full path, which says why).
+
+    Example::
+
+        key = plan_key("all_reduce", tensor, op, algorithm)
+    """
+    try:
+        key = tuple((p.data_ptr(), p.shape, p.stride(), p.dtype) if isinstance(p, torch.Tensor) else p
+                    for p in parts)
+        hash(key)
+    except (TypeError, RuntimeError):
+        return None
+    return key
+
+
+def launch(plan: Plan | None, kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, **options) -> None:
+    """Launch ``kernel[grid](*args, **constexprs, **options)`` now; record it in ``plan`` as a step
+    that launches the same compiled kernel with the same arguments.
+
+    The step goes through the compiled kernel's own launcher (``CompiledKernel[grid]``), skipping
+    Triton's argument binding and cache lookup. Tensors are bound by address: the plan's key must
+    hold every tensor's address, so that a replay only happens for a call on the same memory.
+    With ``plan`` None it only launches. Where Triton's JIT returns no compiled kernel (the CPU
+    simulator, where the interpreter runs the kernel), the step is the same full launch again.
+
+    Args:
+        plan: where to record the step, or None.
+        kernel: a ``@triton.jit`` function.
+        grid: the launch grid (1 to 3 ints).
+        args: the positional arguments.
+        constexprs: keyword arguments (meta-parameters and any others).
+        options: launch options (``num_warps``, ``num_stages``).
+
+    Example::
+
+        launch(plan, kernels.all_gather_kernel, (programs,), (source, out, n, sync, rank, world_size,
+               heap_bases), {"BLOCK": 1024, "WORLD_BLOCK": 4}, num_warps=4)
+    """
+    compiled = kernel[grid](*args, **constexprs, **options)
+    if plan is None:
+        return
+    if compiled is None or not hasattr(compiled, "packed_metadata"):
+        # The simulator: Triton's interpreter runs the kernel on every call, so the step calls it
+        # again (holding the tensors, so that no other tensor can take their addresses meanwhile).
+        plan.steps.append(lambda: kernel[grid](*args, **constexprs, **options))
+        return
+    bound = dict(zip(kernel.arg_names[:len(args)], args, strict=True))
+    bound.update(constexprs)
+    values = []
+    for name in kernel.arg_names:
+        value = bound[name] if name in bound else kernel.signature.parameters[name].default
+        values.append(value.data_ptr() if isinstance(value, torch.Tensor) else value)
+    runner = compiled[(*grid, 1, 1)[:3]]
+    values = tuple(values)
+    plan.steps.append(lambda: runner(*values))
