@@ -310,6 +310,15 @@ def test_latency_host_time_round_trip_and_small_collectives(pool2, tmp_path):
     assert {("all_reduce one_shot eager", 1024), ("all_reduce one_shot eager", 4096)} <= sizes
     assert any("CUDA graph" in name for name, _ in sizes) is (not SIMULATOR)
     assert "mps" in rec and os.path.exists(tmp_path / "latency" / "latency_host.png")
+    goals = {g["goal"]: g for g in rec["goals"]}
+    trip = goals["signal/wait round trip / bare spin"]
+    assert trip["value"] == pytest.approx(trips["trident signal/wait"] / trips["bare spin"], rel=1e-2)
+    assert trip["met"] is (trip["value"] <= 1.5)
+    reference = "nccl all_reduce 1 KiB" if rec["performance_figure"] else "empty triton launch"
+    heap = goals[f"host time of all_reduce 1 KiB (heap) / {reference}"]
+    assert heap["value"] == pytest.approx(host["all_reduce 1 KiB (heap)"]["host_us"] / host[reference]["host_us"],
+                                          rel=1e-2)
+    assert "host time of gemm_all_scatter small / torch.matmul" in goals
 
 
 def test_tp_layer_times_the_decoder_layer(pool2, tmp_path):

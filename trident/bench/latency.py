@@ -183,7 +183,52 @@ def run(ctx, args) -> dict:
     ctx.free(*keep)
     _round_trips(ctx, args, record)
     _small_collectives(ctx, args, record)
+    record["goals"] = goals(record)
     return record
+
+
+def _row(record, part: str, name: str) -> dict | None:
+    return next((r for r in record["rows"] if r["part"] == part and r["name"] == name), None)
+
+
+def goals(record: dict) -> list[dict]:
+    """The latency issue's goals as ratios of rows measured in this run (only those measured here).
+
+    Each entry: ``{"goal", "value", "target", "met"}``; ``value`` and ``target`` are ratios, or
+    microseconds for the CUDA-graph all-reduce. Collectives' host time is compared with NCCL's
+    all-reduce where NCCL ran (one GPU per rank, world 1 included), else with an empty Triton launch.
+
+    Example::
+
+        for g in goals(record): print(g["goal"], g["value"], g["met"])
+    """
+    out = []
+
+    def add(goal, value, target, unit="x"):
+        if value is not None:
+            out.append({"goal": goal, "value": round(value, 3), "target": target, "unit": unit,
+                        "met": bool(value <= target)})
+
+    def ratio(a, b, field):
+        return None if a is None or b is None or not b.get(field) else a[field] / b[field]
+
+    nccl = _row(record, "host", "nccl all_reduce 1 KiB")
+    reference, target = (nccl, 1.0) if nccl else (_row(record, "host", "empty triton launch"), 1.5)
+    for r in record["rows"]:
+        if r["part"] == "host" and r["group"] == "collective":
+            add(f"host time of {r['name']} / {reference['name']}", ratio(r, reference, "host_us"), target)
+        if r["part"] == "host" and r["group"] == "fused op" and not r["name"].startswith("ops.matmul"):
+            matmul = _row(record, "host", "torch.matmul " + r["name"].rsplit(" ", 1)[1])
+            add(f"host time of {r['name']} / torch.matmul", ratio(r, matmul, "host_us"), 2.0)
+    add("signal/wait round trip / bare spin", ratio(_row(record, "round_trip", "trident signal/wait"),
+                                                    _row(record, "round_trip", "bare spin"), "time_us"), 1.5)
+    add("all_to_all / all_gather device time (1 KiB per peer)",
+        ratio(_row(record, "host", "all_to_all 1 KiB per peer"), _row(record, "host", "all_gather 1 KiB"),
+              "time_us"), 2.0)
+    graph = next((r for r in record["rows"] if r["name"] == "all_reduce one_shot in a CUDA graph"
+                  and r.get("bytes") == 1024), None)
+    add("all_reduce 1 KiB in a CUDA graph, us per call", None if graph is None else graph["time_us"], 5.0, "us")
+    return out
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -209,6 +254,9 @@ def report(record: dict, out: str) -> list[str]:
     columns = [("part", "part", ""), ("name", "call", ""), ("bytes", "bytes", "d"), ("host_us", "host us", ".1f"),
                ("time_us", "device us", ".1f")]
     host = [r for r in record["rows"] if r["part"] == "host"]
+    for g in record.get("goals", []):
+        print(f"goal {'met   ' if g['met'] else 'missed'} {g['goal']}: {g['value']} {g['unit']} "
+              f"(target <= {g['target']} {g['unit']})")
     return harness.write_report(record, out, columns, plots=[lambda: plots.bars(
         {**record, "rows": host}, f"{out}/latency_host.png", "group", "name", "host_us", "host us per call",
         "host time per call")])
