@@ -120,7 +120,7 @@ def test_platform_answers_for_this_machine():
         assert p.comm_programs(16) == trident.platform.SIM_COMM_PROGRAMS
         assert p.timing_device == torch.device("cpu")
     else:
-        assert p.sm_count > 1 and p.comm_programs(16) == min(16, p.sm_count - 1)
+        assert p.sm_count > 1 and p.comm_programs(16) == max(1, min(16, p.sm_count // 4))
         assert p.ranks_share_gpus == (p.gpus_visible < 3)
 
 

@@ -8,9 +8,11 @@ rank walks the shards starting with its own, whose rows need no communication.
 * :func:`pull_kernel` (``fused_sequential``): each tile reads its rows of A straight from the
   source rank's heap in the K loop (remote loads); nothing is copied. A remote row block is read
   once per tile column, so the traffic is ``N / BLOCK_N`` times A's size.
-* :func:`gather_gemm_kernel` (``workgroup_specialized``): the first programs copy A's row blocks
-  from their owners into a local ``a_full`` (each once) and release one flag per block; the
-  others run the GEMM on ``a_full``, acquiring a block's flag before its first tile.
+* :func:`gather_gemm_kernel` (``workgroup_specialized``): the first programs to start (by arrival
+  ticket, not program id) copy A's row blocks from their owners into a local ``a_full`` (each
+  once) and release one flag per block; the later ones run the GEMM on ``a_full``, acquiring a
+  block's flag before its first tile. A GEMM program thus waits only on gather programs that
+  started before it, however few programs of the launch are resident at a time.
 
 Both use the call handshake of :mod:`trident.ops.call_sync` (one sync block, ``sync_ptr``):
 peers' ``A_local`` is read only after they entered the call, and the kernel ends only after every
@@ -39,7 +41,7 @@ def pull_kernel(
         WORLD_BLOCK: tl.constexpr):
     """fused_sequential: one persistent kernel; each tile multiplies rows of A read from their owner."""
     TRACE: tl.constexpr = trace_ptr is not None
-    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    epoch, _ = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
     tiles = world_size * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
@@ -73,22 +75,22 @@ def gather_gemm_kernel(
         a_local, a_full, b, c,                          # my rows of A (symmetric), all rows (W*m x K), B, C
         m, N, K,                                        # m: rows per rank
         stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
-        gather_programs,                                # programs 0 .. gather_programs-1 gather, the rest multiply
+        gather_programs,                                # the first gather_programs to arrive gather, the rest multiply
         sync_ptr, trace_ptr,                            # the sync block (its flags); the trace buffer or None
         rank, world_size, heap_bases,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         WORLD_BLOCK: tl.constexpr):
-    """workgroup_specialized: programs ``0 .. gather_programs-1`` gather A's row blocks into
-    ``a_full`` (``W*m x K``, row stride K) and release ``FLAGS[block]``; the rest (higher ids, so
-    the simulator runs them after the gather) acquire each block's flag and multiply."""
+    """workgroup_specialized, two roles by arrival: the first ``gather_programs`` programs to start
+    gather A's row blocks into ``a_full`` (``W*m x K``, row stride K) and release ``FLAGS[block]``;
+    the later ones acquire each block's flag and multiply, so they wait only on gather programs
+    already running (or done), whichever programs the GPU runs first."""
     TRACE: tl.constexpr = trace_ptr is not None
-    pid = tl.program_id(0)
-    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    epoch, arrival = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     flags = flag_words(sync_ptr, world_size)
     blocks = tl.cdiv(m, BLOCK_M)  # row blocks per source rank
-    if pid < gather_programs:
+    if arrival < gather_programs:
         wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
-        for i in tl.range(pid, world_size * blocks, gather_programs):
+        for i in tl.range(arrival, world_size * blocks, gather_programs):
             t0 = trace.now_if(TRACE)
             src = (rank + i // blocks) % world_size  # my own rows first, in the GEMM's order
             block = src * blocks + i % blocks
@@ -99,7 +101,7 @@ def gather_gemm_kernel(
             trace.record(trace_ptr, trace.COMM, block, src, t0, rank, TRACE)
     else:
         tiles = world_size * blocks * tl.cdiv(N, BLOCK_N)
-        for tile in tl.range(pid - gather_programs, tiles, tl.num_programs(0) - gather_programs):
+        for tile in tl.range(arrival - gather_programs, tiles, tl.num_programs(0) - gather_programs):
             src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
             t0 = trace.now_if(TRACE)
             wait(flags + src * blocks + pid_m, epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")

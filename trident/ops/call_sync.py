@@ -6,6 +6,7 @@ and never reset between calls (:func:`sync_block`). Its layout (word indices)::
 
     EPOCH_WORD                        the epoch of the last call this rank finished (0, 1, 2, ...)
     TICKET_WORD                       programs of the running launch that reached finish_call
+    ARRIVAL_WORD                      programs of the running launch that have started (enter_call)
     READY_WORD + p                    READY[p]: the last call rank p has entered
     READY_WORD + world_size + p       ARRIVED[p]: the last call rank p is done with this rank in
     READY_WORD + 2 * world_size + i   FLAGS[i]: tile (or row block) i of the running call is done
@@ -14,15 +15,27 @@ and never reset between calls (:func:`sync_block`). Its layout (word indices)::
 Kernels take the block as one ``sync_ptr`` and find the regions with :func:`ready_words`,
 :func:`arrived_words` and :func:`flag_words`. The handshake:
 
-* :func:`enter_call`: every program reads the call's epoch (the last finished call's + 1);
-  program 0 tells every peer "I am in call ``epoch``" (``READY[rank] = epoch`` at each peer):
-  this rank's inputs for the call are written and its outputs of the last call are consumed.
+* :func:`enter_call`: every program reads the call's epoch (the last finished call's + 1) and
+  takes an *arrival ticket* (0, 1, 2, ... in the order the programs start). The program with
+  arrival 0, the first that runs, tells every peer "I am in call ``epoch``" (``READY[rank] =
+  epoch`` at each peer): this rank's inputs for the call are written and its outputs of the
+  last call are consumed.
 * :func:`wait_peers_ready`: before a program first touches a peer (reads its input, writes its
   output), it acquires that from every peer.
-* :func:`finish_call`: every program takes a ticket at its end; the last one tells every peer
-  "I am done with you" (``ARRIVED[rank] = epoch``), waits until every peer has said the same,
-  and stores the new epoch. So when the kernel ends, every peer's writes into this rank have
-  landed and no peer still reads this rank's inputs.
+* :func:`finish_call`: every program takes a ticket at its end; the last one resets the two
+  counters, tells every peer "I am done with you" (``ARRIVED[rank] = epoch``), waits until every
+  peer has said the same, and stores the new epoch. So when the kernel ends, every peer's writes
+  into this rank have landed and no peer still reads this rank's inputs.
+
+Forward progress. A GPU need not run all programs of a launch at once, nor start them in
+program-id order: under MPS a process has a share of the SMs, and a kernel on another stream may
+hold some of them. So a kernel whose programs wait on each other takes each program's role (and
+its index inside the role) from its arrival ticket, never from ``tl.program_id``: the role that
+waits on no other program of the launch takes the first tickets. A program then waits only on
+programs that started before it (resident, or done), and the launch finishes however few of its
+programs can run at a time (docs/reliability.md, "Forward progress when the GPU is shared").
+The same holds for READY: it comes from the first program that runs, not from program 0, which
+may be the last to start.
 
 Epochs only grow, so flags never need a reset: a flag from an earlier call holds a smaller
 epoch. When a call needs more flags than the block holds, the block is replaced by a bigger,
@@ -31,8 +44,9 @@ kernel has finished: epochs restart from 0 everywhere at once. A CUDA graph keep
 address: capture a fused op after an uncaptured call of the same sizes, so that it does not grow
 during capture, and capture again after a call that grew it.
 
-In the simulator a launch's programs run one after another: the program that waits in
-:func:`finish_call` is the last one to finish, so nothing waits for a program not yet run.
+In the simulator a launch's programs run one after another in program-id order, so a program's
+arrival is its program id, and the program that waits in :func:`finish_call` is the last one to
+finish: nothing waits for a program not yet run.
 """
 
 from __future__ import annotations
@@ -47,17 +61,20 @@ from ..runtime.resources import GrowingBuffer
 # Word indices (int64) inside the sync block; the READY, ARRIVED and FLAGS regions follow READY_WORD.
 EPOCH_WORD = 0
 TICKET_WORD = 1
-READY_WORD = 2
+ARRIVAL_WORD = 2
+READY_WORD = 3
 #: Tile flags the block has room for at least (so that small calls never grow it).
 MIN_FLAGS = 64
 
 _EPOCH = tl.constexpr(EPOCH_WORD)
 _TICKET = tl.constexpr(TICKET_WORD)
+_ARRIVAL = tl.constexpr(ARRIVAL_WORD)
 _READY = tl.constexpr(READY_WORD)
 
 
 def sync_words(world_size: int, flags: int = 0) -> int:
-    """Words of a sync block for ``world_size`` ranks with ``flags`` tile flags (at least :data:`MIN_FLAGS`).
+    """Words of a sync block for ``world_size`` ranks with ``flags`` tile flags (at least :data:`MIN_FLAGS`):
+    the three counters (epoch, finish ticket, arrival ticket), READY and ARRIVED, then the flags.
 
     Example::
 
@@ -115,17 +132,28 @@ def call_epoch(sync_ptr):
 
 @triton.jit
 def enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
-    """This call's epoch (1, 2, ...); program 0 also releases ``READY[rank] = epoch`` at every peer.
+    """``(epoch, arrival)``: this call's epoch (1, 2, ...) and this program's arrival ticket (0, 1,
+    ... in the order the launch's programs start). The first program to start (arrival 0) also
+    releases ``READY[rank] = epoch`` at every peer.
+
+    A kernel whose programs wait on each other takes their roles from ``arrival`` (the role that
+    waits on none of them first), never from ``tl.program_id``: see the module doc.
 
     Example::
 
-        epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+        epoch, arrival = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+        if arrival < producers:   # the producers start first: whoever waits on them started later
+            ...
     """
     epoch = call_epoch(sync_ptr)
-    if tl.program_id(0) == 0:
+    # Relaxed: the ticket only has to be unique and in start order; this GPU alone counts it.
+    # An int32, as tl.program_id is: it takes a program id's place in tile indices (and TMA
+    # coordinates must be int32).
+    arrival = tl.atomic_add(sync_ptr + _ARRIVAL, 1, sem="relaxed", scope="gpu").to(tl.int32)
+    if arrival == 0:
         peers = tl.arange(0, WORLD_BLOCK)
         signal(ready_words(sync_ptr) + rank + peers * 0, epoch, rank, peers, heap_bases, mask=peers < world_size)
-    return epoch
+    return epoch, arrival
 
 
 @triton.jit
@@ -146,7 +174,8 @@ def wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases):
 
 @triton.jit
 def finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
-    """Called by every program at its end; the last one to get here completes the call (see module doc).
+    """Called by every program at its end, after its :func:`enter_call`; the last one to get here
+    completes the call and resets the finish and arrival counters for the next launch (see module doc).
 
     Example::
 
@@ -155,7 +184,10 @@ def finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.c
     tl.debug_barrier()  # every thread's stores before the ticket's release
     ticket = tl.atomic_add(sync_ptr + _TICKET, 1, sem="acq_rel", scope="sys")
     if ticket == tl.num_programs(0) - 1:
-        tl.store(sync_ptr + _TICKET, 0)  # the next launch (stream-ordered after this one) counts afresh
+        # The next launch (stream-ordered after this one) counts afresh. Every program took its
+        # arrival ticket before its finish ticket, so no arrival is still to come.
+        tl.store(sync_ptr + _TICKET, 0)
+        tl.store(sync_ptr + _ARRIVAL, 0)
         tl.store(sync_ptr + _EPOCH, epoch)
         peers = tl.arange(0, WORLD_BLOCK)
         is_peer = peers < world_size

@@ -154,8 +154,17 @@ def prepare_call(ctx, spec: OpSpec, pattern: str, A: torch.Tensor, B: torch.Tens
 
 def split_roles(call: FusedCall, comm_work: int, other_work: int) -> tuple[int, int]:
     """``(other, comm)``: how many programs of a ``workgroup_specialized`` launch do the GEMM side
-    and the communication side. One side waits for the other in the same launch, so on a GPU all
-    programs must be resident at once: at most one per SM in all, and at least one of each.
+    and the communication side (also ``producer_consumer``'s two grids), at least one each.
+
+    ``comm`` is the call's ``comm_programs`` (the caller's, honoured, or the platform's default:
+    at most a quarter of the SMs), capped by ``comm_work`` and by all programs but one, so that
+    the GEMM keeps at least one. The whole grid is one program per SM this process may use
+    (``program_limit``) on a GPU, or ``call.cfg.programs`` when smaller: a persistent kernel
+    gains nothing from more. Correctness does not depend on that cap: the kernels take roles from
+    arrival tickets (:func:`~trident.ops.call_sync.enter_call`), so a launch finishes however few
+    of its programs are resident; and ``producer_consumer``'s scatter grid, fewer programs than
+    the SMs, always leaves its GEMM kernel room. The simulator runs programs one at a time and
+    takes ``call.cfg.programs`` as given.
 
     Example::
 
@@ -163,7 +172,7 @@ def split_roles(call: FusedCall, comm_work: int, other_work: int) -> tuple[int, 
     """
     platform = call.ctx.platform
     programs = call.cfg.programs or platform.program_limit
-    if not platform.simulator:  # the simulator runs programs one after another: any number is resident
+    if not platform.simulator:
         programs = min(programs, platform.program_limit)
     comm = max(1, min(call.comm_programs, comm_work, programs - 1))
     return max(1, min(other_work, programs - comm)), comm

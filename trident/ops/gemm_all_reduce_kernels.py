@@ -16,8 +16,9 @@ so its :func:`~trident.ops.gemm_reduce_scatter_kernels.reduce_slots_kernel` and
   when the first kernel ends).
 * :func:`push_all_reduce_kernel` (``workgroup_specialized``): GEMM programs push tiles as in
   ``push_all_kernel`` and release a flag per tile at every rank (``FLAGS[s * T + tile] = epoch``
-  in each rank's sync block); reducer programs (higher ids) acquire the W flags of each tile and
-  sum it while the GEMM goes on.
+  in each rank's sync block); reducer programs acquire the W flags of each tile and sum it while
+  the GEMM goes on. The roles come from the arrival ticket, GEMM programs first, as in
+  gemm_reduce_scatter: a reducer waits only on GEMM programs that started before it.
 
 Every rank starts each tile with the next rank and ends with itself, so at any time the ranks
 write to different peers. A ``trace_ptr`` of None turns tracing off.
@@ -79,7 +80,7 @@ def push_all_kernel(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """fused_sequential: every tile of my partial product goes into ``slots[rank]`` of every rank."""
-    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    epoch, _ = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
     push_all_tiles(tl.program_id(0), tl.num_programs(0),
                    a, b, slots,
@@ -95,26 +96,27 @@ def push_all_reduce_kernel(
         a, b, slots, c,                                 # A, B (descriptors or pointers), the slots, C
         M, N, K,                                        # K: this rank's shard
         stride_am, stride_ak, stride_bk, stride_bn,
-        gemm_programs,                                  # programs 0 .. gemm_programs-1 push, the rest reduce
+        gemm_programs,                                  # the first gemm_programs to arrive push, the rest reduce
         sync_ptr, trace_ptr,                            # the sync block (its flags); the trace buffer or None
         rank, world_size, heap_bases,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
-    """workgroup_specialized: programs ``0 .. gemm_programs-1`` push tiles to every rank and flag
-    them there; the rest reduce each tile of C once all W ranks have flagged it."""
-    pid = tl.program_id(0)
-    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    """workgroup_specialized, two roles by arrival: the first ``gemm_programs`` programs to start
+    push tiles to every rank and flag them there; the later ones reduce each tile of C once all W
+    ranks have flagged it. Reducers wait only on GEMM programs: this rank's have all started, and
+    no rank's GEMM programs wait on a reducer."""
+    epoch, arrival = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     flags = flag_words(sync_ptr, world_size)
-    if pid < gemm_programs:
+    if arrival < gemm_programs:
         wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
-        push_all_tiles(pid, gemm_programs,
+        push_all_tiles(arrival, gemm_programs,
                        a, b, slots,
                        M, N, K,
                        stride_am, stride_ak, stride_bk, stride_bn,
                        flags, epoch, trace_ptr, rank, world_size, heap_bases,
                        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
     else:
-        reduce_flagged_tiles(pid - gemm_programs, tl.num_programs(0) - gemm_programs,
+        reduce_flagged_tiles(arrival - gemm_programs, tl.num_programs(0) - gemm_programs,
                              slots, c, M, N,
                              flags, epoch, trace_ptr, rank, world_size, heap_bases,
                              BLOCK_M, BLOCK_N, GROUP_M, WORLD_BLOCK)

@@ -10,8 +10,12 @@ Synchronization: the call-level handshake of :mod:`trident.ops.call_sync` (``ent
 block ``sync_ptr``, plus its tile flags in ``producer_consumer`` and ``workgroup_specialized``:
 the GEMM releases ``FLAGS[tile] = epoch`` after writing a tile into the local ``C``; the
 communication side acquires it, then reads the tile back and stores it into every peer's ``C``.
-The communication programs of ``workgroup_specialized`` have the higher ids, so in the simulator
-(programs one after another) nothing waits for a program not yet run.
+In ``workgroup_specialized`` the GEMM programs are the first to arrive (their role comes from the
+arrival ticket of ``enter_call``, not from the program id), so a communication program waits only
+on GEMM programs that started before it: the launch finishes however few of its programs are
+resident at a time, and in the simulator (programs one after another) nothing waits for a
+program not yet run. ``producer_consumer``'s GEMM kernel waits on nothing, and its scatter kernel
+has fewer programs than the SMs (``split_roles``), so the GEMM always has an SM to run on.
 
 A ``trace_ptr`` of None turns tracing off (the trace calls compile to nothing).
 """
@@ -114,7 +118,7 @@ def fused_sequential_kernel(
         USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """One persistent kernel: each tile is computed, then stored straight into every rank's ``C``."""
     TRACE: tl.constexpr = trace_ptr is not None
-    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    epoch, _ = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -135,24 +139,24 @@ def workgroup_specialized_kernel(
         a, b, c,                                        # A, B_local (descriptors or pointers), my block of C
         M, N, K,                                        # N: this rank's columns
         stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
-        gemm_programs,                                  # programs 0 .. gemm_programs-1 compute, the rest scatter
+        gemm_programs,                                  # the first gemm_programs to arrive compute, the rest scatter
         sync_ptr, trace_ptr,                            # the sync block; the trace buffer or None
         rank, world_size, heap_bases,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
-    """One kernel, two roles: programs ``0 .. gemm_programs-1`` compute tiles and release their
-    flags; the rest (higher ids, so the simulator runs them after the GEMM) acquire and scatter."""
-    pid = tl.program_id(0)
-    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
-    if pid < gemm_programs:
-        produce_tiles(pid, gemm_programs,
+    """One kernel, two roles by arrival: the first ``gemm_programs`` programs to start compute
+    tiles and release their flags; the later ones acquire the flags and scatter, so they wait only
+    on GEMM programs already running (or done), whichever programs the GPU runs first."""
+    epoch, arrival = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    if arrival < gemm_programs:
+        produce_tiles(arrival, gemm_programs,
                       a, b, c,
                       M, N, K,
                       stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
                       flag_words(sync_ptr, world_size), epoch, trace_ptr, rank, heap_bases,
                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
     else:
-        consume_tiles(pid - gemm_programs, tl.num_programs(0) - gemm_programs,
+        consume_tiles(arrival - gemm_programs, tl.num_programs(0) - gemm_programs,
                       c,
                       M, N, stride_cm,
                       sync_ptr, epoch, trace_ptr, rank, world_size, heap_bases,
@@ -191,8 +195,9 @@ def scatter_kernel(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, WORLD_BLOCK: tl.constexpr,
         WAIT_FLAGS: tl.constexpr):
     """The all-scatter: producer_consumer's consumer (``WAIT_FLAGS``: tile by tile as the GEMM
-    releases them, on a second stream) or bulk_synchronous's second kernel (after the whole GEMM)."""
-    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    releases them, on a second stream) or bulk_synchronous's second kernel (after the whole GEMM).
+    Its programs wait on the GEMM kernel, never on each other: the program id picks their tiles."""
+    epoch, _ = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     consume_tiles(tl.program_id(0), tl.num_programs(0),
                   c,
                   M, N, stride_cm,

@@ -14,9 +14,10 @@ rank r's rows into rank r's ``slots[s]``; rank r sums its W slots in fp32.
   have landed when the first kernel ends).
 * :func:`push_reduce_kernel` (``workgroup_specialized``): GEMM programs push tiles as in
   ``push_kernel`` and release a flag at the owner per tile (``FLAGS[s * T + tile] = epoch`` in
-  the owner's sync block);
-  reducer programs (higher ids) acquire the W flags of each of their tiles and sum it while
-  the GEMM goes on.
+  the owner's sync block); reducer programs acquire the W flags of each of their tiles and sum
+  it while the GEMM goes on. The roles come from the arrival ticket, GEMM programs first: a
+  reducer waits only on GEMM programs that started before it (here, or at a peer, where they
+  wait on nothing of their launch either), however few programs are resident at a time.
 
 Every rank starts with the next rank's shard and ends with its own, so at any time the ranks
 write to different peers. A ``trace_ptr`` of None turns tracing off.
@@ -80,7 +81,7 @@ def push_kernel(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """fused_sequential: every tile of my partial product goes straight into its owner's slot."""
-    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    epoch, _ = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
     push_tiles(tl.program_id(0), tl.num_programs(0),
                a, b, slots,
@@ -129,26 +130,27 @@ def push_reduce_kernel(
         a, b, slots, c,                                 # A, B (descriptors or pointers), the slots, my rows of C
         m, N, K,                                        # m: rows per rank; K: this rank's shard
         stride_am, stride_ak, stride_bk, stride_bn,
-        gemm_programs,                                  # programs 0 .. gemm_programs-1 push, the rest reduce
+        gemm_programs,                                  # the first gemm_programs to arrive push, the rest reduce
         sync_ptr, trace_ptr,                            # the sync block (its flags); the trace buffer or None
         rank, world_size, heap_bases,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
-    """workgroup_specialized: programs ``0 .. gemm_programs-1`` push tiles and flag them at the
-    owner; the rest reduce each of my tiles once all W ranks have flagged it."""
-    pid = tl.program_id(0)
-    epoch = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    """workgroup_specialized, two roles by arrival: the first ``gemm_programs`` programs to start
+    push tiles and flag them at the owner; the later ones reduce each of my tiles once all W ranks
+    have flagged it. Reducers wait only on GEMM programs: this rank's have all started, and no
+    rank's GEMM programs wait on a reducer."""
+    epoch, arrival = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
     flags = flag_words(sync_ptr, world_size)
-    if pid < gemm_programs:
+    if arrival < gemm_programs:
         wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
-        push_tiles(pid, gemm_programs,
+        push_tiles(arrival, gemm_programs,
                    a, b, slots,
                    m, N, K,
                    stride_am, stride_ak, stride_bk, stride_bn,
                    flags, epoch, trace_ptr, rank, world_size, heap_bases,
                    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
     else:
-        reduce_flagged_tiles(pid - gemm_programs, tl.num_programs(0) - gemm_programs,
+        reduce_flagged_tiles(arrival - gemm_programs, tl.num_programs(0) - gemm_programs,
                              slots, c, m, N,
                              flags, epoch, trace_ptr, rank, world_size, heap_bases,
                              BLOCK_M, BLOCK_N, GROUP_M, WORLD_BLOCK)
