@@ -84,31 +84,33 @@ def _round(tmp_path, mode):
     script.write_text(WORKLOAD)
     command = [sys.executable, "-m", "trident", "run", "-n", "3", "--grace", "3", str(script), mode, str(folder)]
     start = time.monotonic()
+    errors = open(folder / "launcher.err", "wb")  # what the launcher and ranks said: shown when a round fails
     if mode == "pipe":  # `trident run ... | head -1`: our reader goes away after one line
-        launcher = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        launcher = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=errors)
         launcher.stdout.readline()
         launcher.stdout.close()
         code = launcher.wait(timeout=120)
     elif mode == "sigterm":
-        launcher = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        launcher = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=errors)
         for _ in range(3):
             launcher.stdout.readline()  # the job is running its collectives
         launcher.send_signal(signal.SIGTERM)
         launcher.stdout.read()
         code = launcher.wait(timeout=60)
     else:
-        code = subprocess.run(command, cwd=ROOT, capture_output=True, timeout=120).returncode
+        code = subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=errors, timeout=120).returncode
+    errors.close()
     seconds = time.monotonic() - start
     time.sleep(0.5)  # the kernel reaps the ranks
     pids = [int(p.read_text()) for p in sorted(folder.glob("rank*.pid"))]
     statuses = {int(p.stem[4:]): p.read_text() for p in sorted(folder.glob("rank*.status"))}
-    return code, statuses, pids, seconds
+    return code, statuses, pids, seconds, (folder / "launcher.err").read_text(errors="replace")[-3000:]
 
 
 @pytest.mark.parametrize("mode", ["kill", "exhaust", "pipe", "sigterm"])
 def test_faults_mixed_into_a_running_job(tmp_path, mode):
-    code, statuses, pids, seconds = _round(tmp_path, mode)
-    assert len(pids) == 3, (mode, pids)
+    code, statuses, pids, seconds, said = _round(tmp_path, mode)
+    assert len(pids) == 3, f"{mode}: only ranks {pids} started (launcher exit {code}); it said:\n{said}"
     assert seconds < 90, f"{mode}: the round took {seconds:.0f} s"
     assert not [p for p in pids if _alive(p)], f"{mode}: rank processes left running"
     assert _shm_files_of(pids) == [], f"{mode}: heap files left in /dev/shm"

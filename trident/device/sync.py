@@ -151,10 +151,14 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
     """
     tl.static_assert(flag_ptr.dtype.element_ty.is_int(), "trident.wait: flags must be integers")
     remote = translate(flag_ptr, rank, peer, heap_bases)
-    ctrl = control_block(rank, heap_bases)
+    # The common case costs what a bare spin does: plain volatile polls until the flag looks met,
+    # then one ordered read, which decides. The clock, the timeout and the abort word are only
+    # read once that first round of polls has not been enough.
+    _spin(remote, value, cmp, mask)
     seen = _poll(remote, mask, sem, scope)
     done = _all(_meets(seen, value, cmp), mask)
     if done == 0:
+        ctrl = control_block(rank, heap_bases)
         timeout_ns = tl.load(ctrl + _WAIT_TIMEOUT_NS)
         abort_word = tl.load(ctrl + _ABORT_ADDR).to(tl.pointer_type(tl.int64))
         start = now_ns()
