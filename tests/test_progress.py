@@ -93,10 +93,6 @@ FUSED = {
     "gemm_reduce_scatter": ("bulk_synchronous", "fused_sequential", "workgroup_specialized"),
     "gemm_all_reduce": ("bulk_synchronous", "fused_sequential", "workgroup_specialized"),
 }
-#: Patterns that call a trident.ccl collective, whose program p meets program p of every peer: a
-#: shuffled run order must then be the same on every rank (the other kernels need no such thing).
-CCL_PATTERNS = {("all_gather_gemm", "bulk_synchronous"), ("gemm_reduce_scatter", "bulk_synchronous"),
-                ("gemm_all_reduce", "bulk_synchronous")}
 #: (name, config, comm_programs): grids far larger than the one program the simulator runs at a time.
 GRIDS = [
     ("comm_programs > tiles", SMALL, 64),
@@ -187,8 +183,7 @@ def _any_order_body(ctx, op, pattern, orders, grids):
     """Each grid in each run order, one call after another on the same sync block (a launch that
     left its arrival count behind would hand the next one wrong roles): the errors."""
     errors = []
-    # A ccl collective pairs program p across ranks: its shuffle must be the same everywhere.
-    rank_seed = 0 if (op, pattern) in CCL_PATTERNS else ctx.rank + 1
+    rank_seed = ctx.rank + 1  # every rank starts its programs in an order of its own
     for order in orders:
         for name, cfg, comm_programs in grids:
             run, C, want = _problem(ctx, op, seed=len(errors))
@@ -225,6 +220,56 @@ def test_every_fused_pattern_finishes_in_any_program_order(pool2, op, pattern):
 def test_workgroup_specialized_at_four_ranks_in_any_order(pool4, op):
     """Four ranks, each running its programs last to first, then each in an order of its own."""
     _check(pool4.run(_any_order_body, op, "workgroup_specialized", ("reversed", "shuffled"), GRIDS[2:]), 2)
+
+
+def _collectives_body(ctx, orders):
+    """Every collective and all_reduce_rmsnorm, each launch's programs in each order (a different
+    shuffle on every rank): the k-th program to start on a rank must meet the k-th on every peer."""
+    w, r = ctx.world_size, ctx.rank
+    n = 5 * 1024 + 7  # more tiles than the simulator's programs: every program loops
+    wrong = []
+    for order in orders:
+        x, gathered, part = ctx.zeros(n), torch.empty(w * n), torch.empty(n)
+        big = ctx.zeros(w * n)
+        with _programs_run_in(order, r + 1):
+            for algorithm in ("one_shot", "two_shot"):
+                x.fill_(r + 1.0)
+                trident.ccl.all_reduce(ctx, x, algorithm=algorithm)
+                if not torch.all(x == w * (w + 1) / 2):
+                    wrong.append((order, "all_reduce " + algorithm))
+            x.fill_(float(r))
+            trident.ccl.all_gather(ctx, gathered, x)
+            if not torch.equal(gathered, torch.arange(w, dtype=torch.float32).repeat_interleave(n)):
+                wrong.append((order, "all_gather"))
+            big.fill_(1.0)
+            trident.ccl.reduce_scatter(ctx, part, big)
+            if not torch.all(part == w):
+                wrong.append((order, "reduce_scatter"))
+            big.copy_(torch.arange(w * n, dtype=torch.float32) + 1e5 * r)
+            exchanged = torch.empty(w * n)
+            trident.ccl.all_to_all(ctx, exchanged, big)
+            expect = torch.cat([torch.arange(r * n, (r + 1) * n, dtype=torch.float32) + 1e5 * p for p in range(w)])
+            if not torch.equal(exchanged, expect):
+                wrong.append((order, "all_to_all"))
+            x.fill_(float(r))
+            trident.ccl.broadcast(ctx, x, src=w - 1)
+            if not torch.all(x == w - 1):
+                wrong.append((order, "broadcast"))
+            rows = ctx.zeros(9, 64)
+            rows.fill_(1.0)
+            out, h = trident.ops.all_reduce_rmsnorm(ctx, rows, torch.ones(64))
+            if not (torch.all(h == w) and torch.allclose(out, torch.ones(9, 64), atol=1e-3)):
+                wrong.append((order, "all_reduce_rmsnorm"))
+        ctx.barrier()
+    return wrong
+
+
+@needs_simulator
+def test_collectives_finish_whatever_order_each_rank_starts_its_programs_in(pool4):
+    """Each rank runs each launch's programs in reverse, then in a shuffle of its own: program
+    indices come from arrival tickets, so the ranks' programs still meet in pairs."""
+    for wrong in pool4.run(_collectives_body, ("reversed", "shuffled")):
+        assert not wrong, wrong
 
 
 # --- a GPU: another kernel holds one rank's SMs when the op starts -----------------------------

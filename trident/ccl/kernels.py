@@ -1,6 +1,7 @@
 """The collective kernels. All follow one shape:
 
-    epoch, shift = _enter(src, sync_ptr, ...)     # publish where my input lies, meet every rank
+    pid = _arrive(sync_ptr)                       # my index: my arrival ticket, not my program id
+    epoch, shift = _enter(src, sync_ptr, pid, ...)  # publish where my input lies, meet every rank
     for each of my tiles: read peers, write mine  # persistent loop: tile = pid, pid + programs, ...
     _exit(epoch, sync_ptr, ...)                   # peers are done reading my input; count this call
 
@@ -8,8 +9,12 @@
 rank p's input lies after mine: ranks may pass different heap tensors (or one a heap tensor and
 another a staged plain one), and peers' copies are found through it, not assumed at my offset.
 
-Program ``pid`` of one rank only ever waits for program ``pid`` of the others, so the kernels
-also run in the simulator, where a launch's programs run one after another. Epochs live on
+A program's index ``pid`` is its *arrival ticket*: 0, 1, 2, ... in the order the programs of the
+launch actually start on this rank (:func:`_arrive`), not ``tl.program_id``. Program ``pid`` of one
+rank only ever waits for program ``pid`` of the others, so the k-th program to start on a rank
+meets the k-th to start on every peer: whatever order each GPU starts programs in, and however
+few are resident at a time, the programs that wait are matched with programs that have started.
+The kernels also run in the simulator, where a launch's programs run one after another. Epochs live on
 the device, so CUDA-graph replays stay correct.
 
 Every kernel takes one ``sync_ptr``: the workspace's sync block, symmetric int64 words zeroed
@@ -18,6 +23,7 @@ once, laid out as::
     COUNTS_WORD + pid                  the last call program pid finished (its epoch); local only
     ARGS_WORD + pid                    where this rank's input of program pid's call lies (heap
                                        offset), published for the peers at the entry sync
+    ARRIVAL_WORD                       arrival tickets of the running launch (see below); local only
     FLAGS_WORD + (phase * MAX_PROGRAMS + pid) * world_size + r
                                        sync slot of program pid at phase (entry, middle, exit):
                                        the last epoch rank r announced there
@@ -41,11 +47,13 @@ PHASES = 3
 #: Where each part of the sync block starts (int64 words; see the module docstring).
 COUNTS_WORD = 0
 ARGS_WORD = MAX_PROGRAMS
-FLAGS_WORD = 2 * MAX_PROGRAMS
+ARRIVAL_WORD = 2 * MAX_PROGRAMS
+FLAGS_WORD = 2 * MAX_PROGRAMS + 1
 
 _MAX_PROGRAMS = tl.constexpr(MAX_PROGRAMS)
 _COUNTS = tl.constexpr(COUNTS_WORD)
 _ARGS = tl.constexpr(ARGS_WORD)
+_ARRIVAL = tl.constexpr(ARRIVAL_WORD)
 _FLAGS = tl.constexpr(FLAGS_WORD)
 _ENTRY, _MIDDLE, _EXIT = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
@@ -61,17 +69,30 @@ def sync_words(world_size: int) -> int:
 
 
 @triton.jit
-def _sync(sync_ptr, PHASE: tl.constexpr, epoch,
+def _arrive(sync_ptr):
+    """This program's arrival ticket: 0, 1, 2, ... in the order the launch's programs start here.
+
+    The last program to arrive resets the counter for the next launch (stream-ordered after this
+    one): every program of this launch has taken its ticket by then.
+    """
+    ticket = tl.atomic_add(sync_ptr + _ARRIVAL, 1, sem="relaxed", scope="gpu")
+    if ticket == tl.num_programs(0) - 1:
+        tl.atomic_xchg(sync_ptr + _ARRIVAL, 0, sem="relaxed", scope="gpu")
+    return ticket.to(tl.int32)
+
+
+@triton.jit
+def _sync(sync_ptr, PHASE: tl.constexpr, epoch, pid,
           rank, world_size, heap_bases,
           WORLD_BLOCK: tl.constexpr):
-    """Meet program ``pid`` of every rank at ``PHASE`` of call ``epoch``."""
-    slots = sync_ptr + _FLAGS + (PHASE * _MAX_PROGRAMS + tl.program_id(0)) * world_size
+    """Meet program ``pid`` (by arrival) of every rank at ``PHASE`` of call ``epoch``."""
+    slots = sync_ptr + _FLAGS + (PHASE * _MAX_PROGRAMS + pid) * world_size
     sync_ranks(slots, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
 @triton.jit
 def _enter(src_ptr,
-           sync_ptr,
+           sync_ptr, pid,
            rank, world_size, heap_bases,
            WORLD_BLOCK: tl.constexpr):
     """Publish my input's heap offset, meet every rank (entry sync), read every rank's offset.
@@ -79,13 +100,12 @@ def _enter(src_ptr,
     Returns ``(epoch, shift)``. A rank overwrites its published offset only in its next call,
     after every peer has passed this call's later sync, so nobody reads a stale one.
     """
-    pid = tl.program_id(0)
     epoch = tl.load(sync_ptr + _COUNTS + pid) + 1
     my_base = tl.load(heap_bases + rank)
     mine = tl.cast(src_ptr, tl.int64) - my_base
     slot = sync_ptr + _ARGS + pid
     tl.store(slot, mine)  # published by the release inside the sync
-    _sync(sync_ptr, _ENTRY, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    _sync(sync_ptr, _ENTRY, epoch, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     ranks = tl.arange(0, WORLD_BLOCK)
     valid = ranks < world_size
     their_slots = tl.load(heap_bases + ranks, mask=valid, other=0) + (tl.cast(slot, tl.int64) - my_base)
@@ -95,19 +115,19 @@ def _enter(src_ptr,
 
 
 @triton.jit
-def _finish(epoch, sync_ptr):
+def _finish(epoch, sync_ptr, pid):
     """Count this call as done by this program (the next call's epoch follows it)."""
-    tl.store(sync_ptr + _COUNTS + tl.program_id(0), epoch)
+    tl.store(sync_ptr + _COUNTS + pid, epoch)
 
 
 @triton.jit
 def _exit(epoch,
-          sync_ptr,
+          sync_ptr, pid,
           rank, world_size, heap_bases,
           WORLD_BLOCK: tl.constexpr):
     """Meet every rank again (nobody reads my input any more), then count this call as done."""
-    _sync(sync_ptr, _EXIT, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
-    _finish(epoch, sync_ptr)
+    _sync(sync_ptr, _EXIT, epoch, pid, rank, world_size, heap_bases, WORLD_BLOCK)
+    _finish(epoch, sync_ptr, pid)
 
 
 @triton.jit
@@ -117,14 +137,14 @@ def _tile(tile, limit, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _stage_tiles(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+def _stage_tiles(src_ptr, dst_ptr, n, pid, BLOCK: tl.constexpr):
     """Copy this program's tiles (``pid, pid + programs, ...``) of ``n`` elements from ``src`` to ``dst``.
 
     How a plain input gets onto the heap inside the kernel: program ``pid`` of every rank stages
     exactly the tiles that program ``pid`` of the peers later reads, and the entry sync's release
     publishes them, so no separate copy (nor its host time) is needed.
     """
-    for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+    for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, n, BLOCK)
         tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask), mask=mask)
 
@@ -140,16 +160,17 @@ def all_gather_kernel(
 
     With ``STAGE`` the input ``src`` is not on the heap: it is first copied into ``inp`` (a heap buffer).
     """
+    pid = _arrive(sync_ptr)  # the launch's programs by arrival, not by program id
     if STAGE:
-        _stage_tiles(src_ptr, inp_ptr, n, BLOCK)
-    epoch, shift = _enter(inp_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
-    for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        _stage_tiles(src_ptr, inp_ptr, n, pid, BLOCK)
+    epoch, shift = _enter(inp_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
+    for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, n, BLOCK)
         for i in range(world_size):
             peer = (rank + i) % world_size
             value = load(shifted(inp_ptr, shift, peer) + offs, rank, peer, heap_bases, mask=mask)
             tl.store(out_ptr + tl.cast(peer, tl.int64) * n + offs, value, mask=mask)
-    _exit(epoch, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    _exit(epoch, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
 @triton.jit
@@ -161,12 +182,13 @@ def reduce_scatter_kernel(
     BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
     """Rank r reduces chunk r (``m`` elements) of every rank's input into ``out``."""
-    epoch, shift = _enter(inp_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
-    for tile in range(tl.program_id(0), tl.cdiv(m, BLOCK), tl.num_programs(0)):
+    pid = _arrive(sync_ptr)  # the launch's programs by arrival, not by program id
+    epoch, shift = _enter(inp_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
+    for tile in range(pid, tl.cdiv(m, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, m, BLOCK)
         mine = inp_ptr + tl.cast(rank, tl.int64) * m + offs
         tl.store(out_ptr + offs, reduce_tile(mine, rank, world_size, heap_bases, mask, OP, ACC, shift), mask=mask)
-    _exit(epoch, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    _exit(epoch, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
 @triton.jit
@@ -181,7 +203,8 @@ def all_to_all_kernel(
 
     With ``EQUAL`` every rank sends ``equal_rows`` rows to every rank, in rank order: no table is read.
     """
-    epoch, shift = _enter(inp_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    pid = _arrive(sync_ptr)  # the launch's programs by arrival, not by program id
+    epoch, shift = _enter(inp_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     for i in range(world_size):
         peer = (rank + i) % world_size
         if EQUAL:
@@ -193,10 +216,10 @@ def all_to_all_kernel(
             first = load(table_ptr + world_size + rank, rank, peer, heap_bases)
             src = shifted(inp_ptr, shift, peer) + first * inner
             dst = out_ptr + tl.load(table_ptr + 2 * world_size + peer) * inner
-        for tile in range(tl.program_id(0), tl.cdiv(count, BLOCK), tl.num_programs(0)):
+        for tile in range(pid, tl.cdiv(count, BLOCK), tl.num_programs(0)):
             offs, mask = _tile(tile, count, BLOCK)
             tl.store(dst + offs, load(src + offs, rank, peer, heap_bases, mask=mask), mask=mask)
-    _exit(epoch, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    _exit(epoch, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
 @triton.jit
@@ -207,13 +230,14 @@ def broadcast_kernel(
     BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
     """Every rank but ``src`` reads ``src``'s ``x`` into its own."""
-    epoch, shift = _enter(x_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    pid = _arrive(sync_ptr)  # the launch's programs by arrival, not by program id
+    epoch, shift = _enter(x_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     if rank != src:
         source = shifted(x_ptr, shift, src)
-        for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
             offs, mask = _tile(tile, n, BLOCK)
             tl.store(x_ptr + offs, load(source + offs, rank, src, heap_bases, mask=mask), mask=mask)
-    _exit(epoch, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    _exit(epoch, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
 @triton.jit
@@ -230,19 +254,20 @@ def all_reduce_one_shot_kernel(
     until peers are done reading ``x``. With ``STAGE`` the caller's ``src`` is first copied into
     ``x`` (a heap buffer), and results go straight to ``out``, which no peer reads.
     """
+    pid = _arrive(sync_ptr)  # the launch's programs by arrival, not by program id
     if STAGE:
-        _stage_tiles(src_ptr, x_ptr, n, BLOCK)
-    epoch, shift = _enter(x_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
-    for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        _stage_tiles(src_ptr, x_ptr, n, pid, BLOCK)
+    epoch, shift = _enter(x_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
+    for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, n, BLOCK)
         total = reduce_tile(x_ptr + offs, rank, world_size, heap_bases, mask, OP, ACC, shift)
         if STAGE:
             tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
         else:
             tl.store(scratch_ptr + offs, total, mask=mask)
-    _exit(epoch, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    _exit(epoch, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     if not STAGE:
-        for tile in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
             offs, mask = _tile(tile, n, BLOCK)
             tl.store(out_ptr + offs, tl.load(scratch_ptr + offs, mask=mask), mask=mask)
 
@@ -264,27 +289,28 @@ def all_reduce_two_shot_kernel(
     ``x`` on the heap (program ``pid`` stages tile t of every chunk, which is what program ``pid``
     of each peer reads); without, ``src``, ``x`` and ``out`` are one tensor.
     """
+    pid = _arrive(sync_ptr)  # the launch's programs by arrival, not by program id
     tiles = tl.cdiv(chunk, BLOCK)
     if STAGE:
         for owner in range(world_size):
-            for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
+            for tile in range(pid, tiles, tl.num_programs(0)):
                 local, in_chunk = _tile(tile, chunk, BLOCK)
                 offs = tl.cast(owner, tl.int64) * chunk + local
                 mask = in_chunk & (offs < n)
                 tl.store(x_ptr + offs, tl.load(src_ptr + offs, mask=mask), mask=mask)
-    epoch, shift = _enter(x_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
-    for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
+    epoch, shift = _enter(x_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
+    for tile in range(pid, tiles, tl.num_programs(0)):
         local, in_chunk = _tile(tile, chunk, BLOCK)
         offs = tl.cast(rank, tl.int64) * chunk + local
         mask = in_chunk & (offs < n)
         total = reduce_tile(x_ptr + offs, rank, world_size, heap_bases, mask, OP, ACC, shift)
         tl.store(scratch_ptr + offs, total, mask=mask)
-    _sync(sync_ptr, _MIDDLE, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    _sync(sync_ptr, _MIDDLE, epoch, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     for i in range(world_size):
         owner = (rank + i) % world_size
-        for tile in range(tl.program_id(0), tiles, tl.num_programs(0)):
+        for tile in range(pid, tiles, tl.num_programs(0)):
             local, in_chunk = _tile(tile, chunk, BLOCK)
             offs = tl.cast(owner, tl.int64) * chunk + local
             mask = in_chunk & (offs < n)
             tl.store(out_ptr + offs, load(scratch_ptr + offs, rank, owner, heap_bases, mask=mask), mask=mask)
-    _finish(epoch, sync_ptr)
+    _finish(epoch, sync_ptr, pid)

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..ccl.device import reduce_tile
-from ..ccl.kernels import _enter, _exit
+from ..ccl.kernels import _arrive, _enter, _exit
 
 #: Largest magnitude of float8_e4m3fn.
 FP8_E4M3_MAX = 448.0
@@ -48,7 +48,8 @@ def all_reduce_rmsnorm_kernel(
     BLOCK_H: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
     """``h = sum over ranks of x (+ residual)``, ``out = h * rsqrt(mean(h^2) + eps) * weight`` per row."""
-    epoch, shift = _enter(x_ptr, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    pid = _arrive(sync_ptr)  # programs by arrival: the k-th to start meets the k-th on every peer
+    epoch, shift = _enter(x_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     cols = tl.arange(0, BLOCK_H)
     in_row = cols < hidden
     weight = tl.load(weight_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
@@ -57,7 +58,7 @@ def all_reduce_rmsnorm_kernel(
             scale = tl.load(scale_ptr).to(tl.float32)
         else:
             scale = scale_value
-    for row in range(tl.program_id(0), tokens, tl.num_programs(0)):
+    for row in range(pid, tokens, tl.num_programs(0)):
         offs = tl.cast(row, tl.int64) * hidden + cols
         h = reduce_tile(x_ptr + offs, rank, world_size, heap_bases, in_row, "sum", tl.float32, shift)
         if residual_ptr is not None:
@@ -70,7 +71,7 @@ def all_reduce_rmsnorm_kernel(
             if ROUND_FP8_IN_FP32:
                 y = _round_to_e4m3(y)
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=in_row)
-    _exit(epoch, sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    _exit(epoch, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
 def num_warps(block_h: int) -> int:
