@@ -316,7 +316,9 @@ def _busy_rank_body(ctx, cases):
 @pytest.mark.parametrize("world", [2, 4])
 def test_ops_finish_while_another_kernel_holds_the_sms(request, world):
     cases = [("gemm_all_scatter", "workgroup_specialized"), ("gemm_all_scatter", "producer_consumer"),
-             ("all_gather_gemm", "workgroup_specialized")]
+             ("all_gather_gemm", "workgroup_specialized"),
+             ("gemm_all_reduce", "bulk_synchronous"),      # a ccl all_reduce after the GEMM
+             ("gemm_reduce_scatter", "bulk_synchronous")]  # a ccl reduce_scatter after the GEMM
     pool = request.getfixturevalue(f"pool{world}")  # the session's pool of that many ranks
     for errors in pool.run(_busy_rank_body, cases):
         assert len(errors) == world * len(cases)
