@@ -56,6 +56,15 @@ def pytest_unconfigure(config):
 
 
 _POOLS = {}
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def script_env(**extra) -> dict:
+    """The environment for ``trident run`` on a script outside the repository: the ranks import
+    trident through PYTHONPATH when it is used from this checkout rather than installed (as on
+    the GPU machine)."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": _REPO + (os.pathsep + path if path else ""), **extra}
 
 # Small heaps and short timeouts: a hang in a test should fail it in seconds, not minutes.
 POOL_KWARGS = {"heap_size": 1 << 26, "timeout": 60.0, "wait_timeout": 20.0}

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import trident
+from tests.conftest import script_env
 from trident import config
 from trident.runtime.watchdog import process_state
 
@@ -65,7 +66,7 @@ def test_a_lost_rank_ends_every_wait_fast_and_leaves_nothing(tmp_path, how):
     script = tmp_path / "victim.py"
     script.write_text(VICTIM_SCRIPT)
     proc = subprocess.run([sys.executable, "-m", "trident", "run", "-n", "3", str(script), how, str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=script_env())
     pids = {r: int((tmp_path / f"rank{r}.pid").read_text()) for r in range(3)}
     results = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)
                if (tmp_path / f"rank{r}.json").exists()}
@@ -146,7 +147,8 @@ def test_two_jobs_at_once_do_not_see_each_other(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(ISOLATION_SCRIPT)
     jobs = [subprocess.Popen([sys.executable, "-m", "trident", "run", "-n", "2", str(script), str(tag)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for tag in (1, 2)]
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=script_env())
+            for tag in (1, 2)]
     outputs = [job.communicate(timeout=120) for job in jobs]
     for job, (out, err) in zip(jobs, outputs):
         assert job.returncode == 0, err[-3000:]

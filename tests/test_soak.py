@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from tests.conftest import script_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 WORKLOAD = r'''
@@ -83,22 +85,24 @@ def _round(tmp_path, mode):
     script = tmp_path / "workload.py"
     script.write_text(WORKLOAD)
     command = [sys.executable, "-m", "trident", "run", "-n", "3", "--grace", "3", str(script), mode, str(folder)]
+    env = script_env()  # the ranks run the workload from tmp_path
     start = time.monotonic()
     errors = open(folder / "launcher.err", "wb")  # what the launcher and ranks said: shown when a round fails
     if mode == "pipe":  # `trident run ... | head -1`: our reader goes away after one line
-        launcher = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=errors)
+        launcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=errors)
         launcher.stdout.readline()
         launcher.stdout.close()
         code = launcher.wait(timeout=120)
     elif mode == "sigterm":
-        launcher = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=errors)
+        launcher = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=errors)
         for _ in range(3):
             launcher.stdout.readline()  # the job is running its collectives
         launcher.send_signal(signal.SIGTERM)
         launcher.stdout.read()
         code = launcher.wait(timeout=60)
     else:
-        code = subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=errors, timeout=120).returncode
+        code = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=errors,
+                              timeout=120).returncode
     errors.close()
     seconds = time.monotonic() - start
     time.sleep(0.5)  # the kernel reaps the ranks
