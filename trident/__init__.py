@@ -17,7 +17,7 @@ Import trident before defining kernels: on a machine without a GPU it switches T
 CPU interpreter (the simulator), which must happen before any ``@triton.jit``.
 """
 
-from . import ccl, config, platform, trace
+from . import ccl, config, platform, torch_ops, trace  # torch_ops: registers torch.ops.trident.* (~15 ms)
 from .device import (
     atomic_add,
     atomic_and,
@@ -55,7 +55,7 @@ from .runtime.launch import SpawnError, spawn
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "Context", "spawn", "config", "platform", "ccl", "trace",
+    "init", "Context", "spawn", "config", "platform", "ccl", "trace", "torch_ops",
     "translate", "load", "store", "get", "put", "copy",
     "atomic_add", "atomic_sub", "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor",
     "atomic_min", "atomic_max", "atomic_cas", "signal", "wait", "sync_ranks", "control_block",

@@ -19,6 +19,7 @@ from ..errors import (
     DivergenceError,
     RankTimeoutError,
 )
+from . import groups
 from .allocator import SymmetricAllocator
 from .control import ControlBlock
 from .heap import SymmetricHeapMixin
@@ -125,6 +126,7 @@ class Context(SymmetricHeapMixin):
         heap_bases: int64 tensor on ``device``: every rank's heap base as mapped in this process.
             Pass it to kernels; the device API translates pointers with it.
         heap_bases_host: the same addresses as a tuple of ints.
+        group_name: the whole world's name, the same on every rank (``torch.ops.trident.*`` take it).
     """
 
     def __init__(self, rendezvous: Rendezvous, backend: str, heap_size: int, local_rank: int,
@@ -134,6 +136,7 @@ class Context(SymmetricHeapMixin):
         self.backend, self.heap_size = backend, heap_size
         self._closed = True  # until the heap exists
         job_id = rendezvous.broadcast("init", secrets.token_hex(6).encode(), src=0).decode()
+        self.group_name = groups.register(self, f"trident-{job_id}")  # for torch.ops.trident.*
         if backend == "cuda":
             from ..backends.cuda import CudaBackend
 

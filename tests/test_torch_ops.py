@@ -1,0 +1,98 @@
+"""torch.ops.trident.*: functional custom ops keyed by a group name, traced by torch.compile.
+
+Pinned here: every op against a torch reference computed in the rank (inputs unchanged: the ops
+are functional); a tensor-parallel MLP built from them compiles with ``fullgraph=True`` (no graph
+break) and gives the eager result; an unknown group name is refused with what to pass instead.
+"""
+
+import pytest
+import torch
+
+import trident.torch_ops  # noqa: F401  (registers torch.ops.trident.*)
+
+TOL = 1e-4
+
+
+def _data(rank, *shape, salt=0):
+    g = torch.Generator().manual_seed(1000 * rank + salt)
+    return torch.randn(*shape, generator=g)
+
+
+def _every_op(ctx):
+    w, r, g, dev = ctx.world_size, ctx.rank, ctx.group_name, ctx.device
+    ops = torch.ops.trident
+    every = [_data(p, 6, 8) for p in range(w)]
+    mine = every[r].to(dev)
+    before = mine.clone()
+    errors = {}
+
+    def check(name, got, want):
+        errors[name] = float((got.cpu().float() - want.float()).abs().max())
+
+    check("all_reduce", ops.all_reduce(mine, "sum", g), sum(every))
+    check("all_reduce max", ops.all_reduce(mine, "max", g), torch.stack(every).amax(0))
+    check("all_gather", ops.all_gather(mine, g), torch.cat(every))
+    tall = [_data(p, 2 * w, 8, salt=1) for p in range(w)]
+    check("reduce_scatter", ops.reduce_scatter(tall[r].to(dev), "sum", g), sum(tall)[2 * r:2 * r + 2])
+    check("all_to_all", ops.all_to_all(tall[r].to(dev), g), torch.cat([t[2 * r:2 * r + 2] for t in tall]))
+    check("broadcast", ops.broadcast(mine, w - 1, g), every[w - 1])
+    A = [_data(p, 8, 16, salt=2) for p in range(w)]
+    B = [_data(p, 16, 12, salt=3) for p in range(w)]
+    full = sum(a @ b for a, b in zip(A, B, strict=True))
+    check("gemm_all_reduce", ops.gemm_all_reduce(A[r].to(dev), B[r].to(dev), g), full)
+    check("gemm_reduce_scatter", ops.gemm_reduce_scatter(A[r].to(dev), B[r].to(dev), g),
+          full[r * 8 // w:(r + 1) * 8 // w])
+    check("all_gather_gemm", ops.all_gather_gemm(A[r].to(dev), B[0].to(dev), g), torch.cat(A) @ B[0])
+    check("gemm_all_scatter", ops.gemm_all_scatter(A[0].to(dev), B[r].to(dev), g), A[0] @ torch.cat(B, dim=1))
+    weight = _data(0, 8, salt=4)
+    residual = _data(r, 6, 8, salt=5)
+    out, h = ops.all_reduce_rmsnorm(mine, weight.to(dev), 1e-6, residual.to(dev), g)
+    want_h = sum(every) + residual
+    check("all_reduce_rmsnorm h", h, want_h)
+    check("all_reduce_rmsnorm out", out, want_h * torch.rsqrt(want_h.pow(2).mean(-1, keepdim=True) + 1e-6) * weight)
+    errors["input unchanged"] = float((mine - before).abs().max())
+    return errors
+
+
+def test_every_op_matches_torch_and_changes_no_input(pool2):
+    for errors in pool2.run(_every_op):
+        bad = {name: err for name, err in errors.items() if not err < TOL}
+        assert not bad, bad
+
+
+def _mlp(x, w_up, w_down, group: str):
+    """A tensor-parallel MLP: column-parallel up projection, SiLU, row-parallel down projection
+    (its partial sums all-reduced twice over: once fused with the GEMM, once as a collective)."""
+    h = torch.nn.functional.silu(x @ w_up)
+    y = torch.ops.trident.gemm_all_reduce(h, w_down, group)
+    z = torch.ops.trident.all_reduce(torch.nn.functional.silu(y) @ w_down.t(), "sum", group)
+    return torch.ops.trident.all_gather(z, group)
+
+
+def _compiled_mlp(ctx):
+    torch._dynamo.reset()
+    x = _data(0, 4, 16).to(ctx.device)
+    w_up = _data(ctx.rank, 16, 8, salt=1).to(ctx.device)
+    w_down = _data(ctx.rank, 8, 16, salt=2).to(ctx.device)
+    eager = _mlp(x, w_up, w_down, ctx.group_name)
+    compiled = torch.compile(_mlp, fullgraph=True, backend="aot_eager")  # fullgraph: a graph break raises
+    first = compiled(x, w_up, w_down, ctx.group_name)
+    again = compiled(x, w_up, w_down, ctx.group_name)
+    return float((first - eager).abs().max()), float((again - eager).abs().max()), tuple(first.shape)
+
+
+def test_a_tensor_parallel_mlp_compiles_with_fullgraph_and_matches_eager(pool2):
+    for first, again, shape in pool2.run(_compiled_mlp):
+        assert first < TOL and again < TOL
+        assert shape == (2 * 4, 8)  # every rank's 4 tokens, 8 features
+
+
+def _unknown_group(ctx):
+    with pytest.raises(ValueError, match="pass ctx.group_name"):
+        torch.ops.trident.all_reduce(torch.ones(4, device=ctx.device), "sum", "no-such-group")
+    return ctx.group_name
+
+
+def test_an_unknown_group_name_is_refused_and_every_rank_shares_the_name(pool2):
+    names = pool2.run(_unknown_group)
+    assert len(set(names)) == 1 and names[0].startswith("trident-")

@@ -1,0 +1,191 @@
+"""trident's collectives and fused ops as ``torch.library`` custom ops: ``torch.ops.trident.*``.
+
+Each op is functional (it returns a new tensor and changes none of its inputs), names its group
+by a string (``ctx.group_name``, the same on every rank) and has a fake implementation, so
+``torch.compile(fullgraph=True)`` traces through it without a graph break, as through
+``torch.distributed._functional_collectives``. Every rank must call the same ops in the same
+order, as with any collective. Results are plain torch tensors (never heap memory, which only
+``ctx.free`` returns); inputs may be plain or on the heap.
+
+Example::
+
+    import trident.torch_ops  # registers torch.ops.trident.*
+
+    def mlp(x, w_up_shard, w_down_shard, group: str):
+        h = torch.nn.functional.silu(x @ w_up_shard)
+        return torch.ops.trident.all_reduce(h @ w_down_shard, "sum", group)
+
+    y = torch.compile(mlp, fullgraph=True)(x, w_up, w_down, ctx.group_name)
+
+The ops (every ``group`` is a group name):
+
+* ``all_reduce(t, op, group)``, ``all_gather(t, group)`` (dim 0), ``reduce_scatter(t, op, group)``
+  (dim 0), ``all_to_all(t, group)`` (equal chunks of dim 0), ``broadcast(t, src, group)``;
+* ``gemm_all_reduce(A, B, group)``, ``gemm_reduce_scatter(A, B, group)``,
+  ``all_gather_gemm(A_local, B, group)``, ``gemm_all_scatter(A, B_local, group)`` (``pattern="auto"``);
+* ``all_reduce_rmsnorm(x, weight, eps, residual, group)`` returns ``(out, h)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .runtime.groups import context_for_group
+
+
+def _plain_copy(t: torch.Tensor) -> torch.Tensor:
+    """A new contiguous plain tensor with ``t``'s data (the op's result starts from it)."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
+
+
+def _world(group: str) -> int:
+    return context_for_group(group).world_size
+
+
+# -- collectives ------------------------------------------------------------------------------------
+
+@torch.library.custom_op("trident::all_reduce", mutates_args=())
+def all_reduce(t: torch.Tensor, op: str, group: str) -> torch.Tensor:
+    """``t`` reduced over the group's ranks with ``op`` ("sum", "max", "min"), as a new tensor."""
+    from . import ccl
+
+    out = _plain_copy(t)
+    return ccl.all_reduce(context_for_group(group), out, op=op)
+
+
+@all_reduce.register_fake
+def _(t, op, group):
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("trident::all_gather", mutates_args=())
+def all_gather(t: torch.Tensor, group: str) -> torch.Tensor:
+    """Every rank's ``t`` stacked along dim 0, in rank order."""
+    from . import ccl
+
+    out = t.new_empty((_world(group) * t.shape[0], *t.shape[1:]))
+    return ccl.all_gather(context_for_group(group), out, t.contiguous())
+
+
+@all_gather.register_fake
+def _(t, group):
+    return t.new_empty((_world(group) * t.shape[0], *t.shape[1:]))
+
+
+@torch.library.custom_op("trident::reduce_scatter", mutates_args=())
+def reduce_scatter(t: torch.Tensor, op: str, group: str) -> torch.Tensor:
+    """Chunk ``rank`` (dim 0) of ``t`` reduced over the ranks with ``op``."""
+    from . import ccl
+
+    out = t.new_empty((t.shape[0] // _world(group), *t.shape[1:]))
+    return ccl.reduce_scatter(context_for_group(group), out, t.contiguous(), op=op)
+
+
+@reduce_scatter.register_fake
+def _(t, op, group):
+    return t.new_empty((t.shape[0] // _world(group), *t.shape[1:]))
+
+
+@torch.library.custom_op("trident::all_to_all", mutates_args=())
+def all_to_all(t: torch.Tensor, group: str) -> torch.Tensor:
+    """Chunk p (dim 0) of ``t`` to rank p; chunk p of the result from rank p."""
+    from . import ccl
+
+    out = torch.empty_like(t, memory_format=torch.contiguous_format)
+    return ccl.all_to_all(context_for_group(group), out, t.contiguous())
+
+
+@all_to_all.register_fake
+def _(t, group):
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("trident::broadcast", mutates_args=())
+def broadcast(t: torch.Tensor, src: int, group: str) -> torch.Tensor:
+    """Rank ``src``'s ``t`` on every rank."""
+    from . import ccl
+
+    return ccl.broadcast(context_for_group(group), _plain_copy(t), src)
+
+
+@broadcast.register_fake
+def _(t, src, group):
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+# -- fused ops --------------------------------------------------------------------------------------
+
+@torch.library.custom_op("trident::gemm_all_reduce", mutates_args=())
+def gemm_all_reduce(A: torch.Tensor, B: torch.Tensor, group: str) -> torch.Tensor:
+    """The sum over ranks of ``A_r @ B_r`` (row-parallel linear layer), on every rank."""
+    from . import ops
+
+    C = A.new_empty((A.shape[0], B.shape[1]))
+    return ops.gemm_all_reduce(context_for_group(group), A.contiguous(), B.contiguous(), C)
+
+
+@gemm_all_reduce.register_fake
+def _(A, B, group):
+    return A.new_empty((A.shape[0], B.shape[1]))
+
+
+@torch.library.custom_op("trident::gemm_reduce_scatter", mutates_args=())
+def gemm_reduce_scatter(A: torch.Tensor, B: torch.Tensor, group: str) -> torch.Tensor:
+    """Rows ``rank * M/W ...`` of the sum over ranks of ``A_r @ B_r``."""
+    from . import ops
+
+    C = A.new_empty((A.shape[0] // _world(group), B.shape[1]))
+    return ops.gemm_reduce_scatter(context_for_group(group), A.contiguous(), B.contiguous(), C)
+
+
+@gemm_reduce_scatter.register_fake
+def _(A, B, group):
+    return A.new_empty((A.shape[0] // _world(group), B.shape[1]))
+
+
+@torch.library.custom_op("trident::all_gather_gemm", mutates_args=())
+def all_gather_gemm(A_local: torch.Tensor, B: torch.Tensor, group: str) -> torch.Tensor:
+    """Every rank's rows of A (stacked in rank order) times ``B``."""
+    from . import ops
+
+    ctx = context_for_group(group)
+    C = A_local.new_empty((ctx.world_size * A_local.shape[0], B.shape[1]))
+    return ops.all_gather_gemm(ctx, A_local.contiguous(), B.contiguous(), C)  # a plain A_local is staged
+
+
+@all_gather_gemm.register_fake
+def _(A_local, B, group):
+    return A_local.new_empty((_world(group) * A_local.shape[0], B.shape[1]))
+
+
+@torch.library.custom_op("trident::gemm_all_scatter", mutates_args=())
+def gemm_all_scatter(A: torch.Tensor, B_local: torch.Tensor, group: str) -> torch.Tensor:
+    """``A @ B`` on every rank, where rank r holds B's column block r."""
+    from . import ops
+
+    ctx = context_for_group(group)
+    C = ctx.empty(A.shape[0], ctx.world_size * B_local.shape[1], dtype=A.dtype)  # peers store into it
+    try:
+        ops.gemm_all_scatter(ctx, A.contiguous(), B_local.contiguous(), C)
+        return _plain_copy(C)
+    finally:
+        ctx.free(C)
+
+
+@gemm_all_scatter.register_fake
+def _(A, B_local, group):
+    return A.new_empty((A.shape[0], _world(group) * B_local.shape[1]))
+
+
+@torch.library.custom_op("trident::all_reduce_rmsnorm", mutates_args=())
+def all_reduce_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+                       group: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = all_reduce(x) (+ residual)``, ``out = rmsnorm(h) * weight``: returns ``(out, h)``."""
+    from . import ops
+
+    return ops.all_reduce_rmsnorm(context_for_group(group), x.contiguous(), weight, eps=eps, residual=residual)
+
+
+@all_reduce_rmsnorm.register_fake
+def _(x, weight, eps, residual, group):
+    return torch.empty_like(x), torch.empty_like(x)
