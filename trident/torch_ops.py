@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from .runtime.groups import context_for_group
+from .runtime.groups import resolve
 
 
 def _plain_copy(t: torch.Tensor) -> torch.Tensor:
@@ -39,7 +39,17 @@ def _plain_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 def _world(group: str) -> int:
-    return context_for_group(group).world_size
+    ctx, g = resolve(group)
+    return (g or ctx).world_size
+
+
+def _world_only(group: str, op: str):
+    """The context of a whole-world name; fused ops run over the whole world (groups: collectives only)."""
+    ctx, g = resolve(group)
+    if g is not None:
+        raise NotImplementedError(f"torch.ops.trident.{op}: fused ops run over the whole world for now; pass "
+                                  f"ctx.group_name (group {group!r} works with the collectives)")
+    return ctx
 
 
 # -- collectives ------------------------------------------------------------------------------------
@@ -50,7 +60,8 @@ def all_reduce(t: torch.Tensor, op: str, group: str) -> torch.Tensor:
     from . import ccl
 
     out = _plain_copy(t)
-    return ccl.all_reduce(context_for_group(group), out, op=op)
+    ctx, g = resolve(group)
+    return ccl.all_reduce(ctx, out, op=op, group=g)
 
 
 @all_reduce.register_fake
@@ -64,7 +75,8 @@ def all_gather(t: torch.Tensor, group: str) -> torch.Tensor:
     from . import ccl
 
     out = t.new_empty((_world(group) * t.shape[0], *t.shape[1:]))
-    return ccl.all_gather(context_for_group(group), out, t.contiguous())
+    ctx, g = resolve(group)
+    return ccl.all_gather(ctx, out, t.contiguous(), group=g)
 
 
 @all_gather.register_fake
@@ -78,7 +90,8 @@ def reduce_scatter(t: torch.Tensor, op: str, group: str) -> torch.Tensor:
     from . import ccl
 
     out = t.new_empty((t.shape[0] // _world(group), *t.shape[1:]))
-    return ccl.reduce_scatter(context_for_group(group), out, t.contiguous(), op=op)
+    ctx, g = resolve(group)
+    return ccl.reduce_scatter(ctx, out, t.contiguous(), op=op, group=g)
 
 
 @reduce_scatter.register_fake
@@ -92,7 +105,8 @@ def all_to_all(t: torch.Tensor, group: str) -> torch.Tensor:
     from . import ccl
 
     out = torch.empty_like(t, memory_format=torch.contiguous_format)
-    return ccl.all_to_all(context_for_group(group), out, t.contiguous())
+    ctx, g = resolve(group)
+    return ccl.all_to_all(ctx, out, t.contiguous(), group=g)
 
 
 @all_to_all.register_fake
@@ -105,7 +119,8 @@ def broadcast(t: torch.Tensor, src: int, group: str) -> torch.Tensor:
     """Rank ``src``'s ``t`` on every rank."""
     from . import ccl
 
-    return ccl.broadcast(context_for_group(group), _plain_copy(t), src)
+    ctx, g = resolve(group)
+    return ccl.broadcast(ctx, _plain_copy(t), src, group=g)
 
 
 @broadcast.register_fake
@@ -121,7 +136,7 @@ def gemm_all_reduce(A: torch.Tensor, B: torch.Tensor, group: str) -> torch.Tenso
     from . import ops
 
     C = A.new_empty((A.shape[0], B.shape[1]))
-    return ops.gemm_all_reduce(context_for_group(group), A.contiguous(), B.contiguous(), C)
+    return ops.gemm_all_reduce(_world_only(group, "gemm_all_reduce"), A.contiguous(), B.contiguous(), C)
 
 
 @gemm_all_reduce.register_fake
@@ -135,7 +150,7 @@ def gemm_reduce_scatter(A: torch.Tensor, B: torch.Tensor, group: str) -> torch.T
     from . import ops
 
     C = A.new_empty((A.shape[0] // _world(group), B.shape[1]))
-    return ops.gemm_reduce_scatter(context_for_group(group), A.contiguous(), B.contiguous(), C)
+    return ops.gemm_reduce_scatter(_world_only(group, "gemm_reduce_scatter"), A.contiguous(), B.contiguous(), C)
 
 
 @gemm_reduce_scatter.register_fake
@@ -148,7 +163,7 @@ def all_gather_gemm(A_local: torch.Tensor, B: torch.Tensor, group: str) -> torch
     """Every rank's rows of A (stacked in rank order) times ``B``."""
     from . import ops
 
-    ctx = context_for_group(group)
+    ctx = _world_only(group, "all_gather_gemm")
     C = A_local.new_empty((ctx.world_size * A_local.shape[0], B.shape[1]))
     return ops.all_gather_gemm(ctx, A_local.contiguous(), B.contiguous(), C)  # a plain A_local is staged
 
@@ -163,7 +178,7 @@ def gemm_all_scatter(A: torch.Tensor, B_local: torch.Tensor, group: str) -> torc
     """``A @ B`` on every rank, where rank r holds B's column block r."""
     from . import ops
 
-    ctx = context_for_group(group)
+    ctx = _world_only(group, "gemm_all_scatter")
     C = ctx.empty(A.shape[0], ctx.world_size * B_local.shape[1], dtype=A.dtype)  # peers store into it
     try:
         ops.gemm_all_scatter(ctx, A.contiguous(), B_local.contiguous(), C)
@@ -183,7 +198,8 @@ def all_reduce_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residu
     """``h = all_reduce(x) (+ residual)``, ``out = rmsnorm(h) * weight``: returns ``(out, h)``."""
     from . import ops
 
-    return ops.all_reduce_rmsnorm(context_for_group(group), x.contiguous(), weight, eps=eps, residual=residual)
+    ctx = _world_only(group, "all_reduce_rmsnorm")
+    return ops.all_reduce_rmsnorm(ctx, x.contiguous(), weight, eps=eps, residual=residual)
 
 
 @all_reduce_rmsnorm.register_fake

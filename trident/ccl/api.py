@@ -88,6 +88,17 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def _team(ctx, group):
+    """Who a collective runs over: the whole world (``group`` None) or a group of ``ctx.new_group``,
+    which answers the same questions (rank, world_size, heap_bases, workspace) in group terms."""
+    if group is None:
+        return ctx
+    if getattr(group, "ctx", None) is not ctx:
+        raise ValueError(f"rank {ctx.rank}: group={group!r} is not a group of this context: make it with "
+                         f"ctx.new_group(ranks), and pass it on its member ranks only")
+    return group
+
+
 def _program_limit(ctx) -> int:
     """The platform's limit (one program per SM; a few in the simulator), within the sync block's slots."""
     return min(ctx.platform.program_limit, MAX_PROGRAMS)
@@ -144,7 +155,7 @@ def input_stage(ctx, numel: int, dtype: torch.dtype) -> torch.Tensor:
     return workspace(ctx).buffer(INPUT_STAGE, numel, dtype)
 
 
-def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor, group=None) -> torch.Tensor:
     """Gather every rank's ``inp`` into ``out`` along dim 0, like ``all_gather_into_tensor``.
 
     Args:
@@ -159,6 +170,7 @@ def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
         out = torch.empty(ctx.world_size * 1024, device=ctx.device)
         trident.ccl.all_gather(ctx, out, ctx.ones(1024))
     """
+    ctx = _team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
     key = plan_key("all_gather", out, inp)
     if replay(ctx, key):
         return out
@@ -175,7 +187,7 @@ def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def reduce_scatter(ctx, out: torch.Tensor, inp: torch.Tensor, op="sum") -> torch.Tensor:
+def reduce_scatter(ctx, out: torch.Tensor, inp: torch.Tensor, op="sum", group=None) -> torch.Tensor:
     """Reduce every rank's ``inp`` and keep this rank's chunk (dim 0) in ``out``, like ``reduce_scatter_tensor``.
 
     Example::
@@ -183,6 +195,7 @@ def reduce_scatter(ctx, out: torch.Tensor, inp: torch.Tensor, op="sum") -> torch
         out = torch.empty(1024, device=ctx.device)
         trident.ccl.reduce_scatter(ctx, out, ctx.ones(ctx.world_size * 1024))   # out == world_size
     """
+    ctx = _team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
     key = plan_key("reduce_scatter", out, inp, op)
     if replay(ctx, key):
         return out
@@ -200,7 +213,7 @@ def reduce_scatter(ctx, out: torch.Tensor, inp: torch.Tensor, op="sum") -> torch
     return out
 
 
-def all_reduce(ctx, tensor: torch.Tensor, op="sum", algorithm: str = "auto") -> torch.Tensor:
+def all_reduce(ctx, tensor: torch.Tensor, op="sum", algorithm: str = "auto", group=None) -> torch.Tensor:
     """Reduce ``tensor`` across ranks, in place, like ``torch.distributed.all_reduce``.
 
     Args:
@@ -217,6 +230,7 @@ def all_reduce(ctx, tensor: torch.Tensor, op="sum", algorithm: str = "auto") -> 
         x = ctx.full((4096,), float(ctx.rank))
         trident.ccl.all_reduce(ctx, x)      # every element: 0 + 1 + ... + world_size-1
     """
+    ctx = _team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
     key = plan_key("all_reduce", tensor, op, algorithm)
     if replay(ctx, key):
         return tensor
@@ -268,7 +282,7 @@ def _split_table(ctx, in_splits, out_splits, rows_in: int, rows_out: int, what: 
     return table
 
 
-def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits) -> torch.Tensor:
+def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits, group=None) -> torch.Tensor:
     """Exchange rows (dim 0) with per-rank sizes, like ``all_to_all_single`` with split sizes (MoE dispatch).
 
     Args:
@@ -284,6 +298,7 @@ def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_split
 
         trident.ccl.all_to_all_v(ctx, out, tokens[:n], out_splits=recv_counts, in_splits=send_counts)
     """
+    ctx = _team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
     _check(ctx, "all_to_all_v", out=out, inp=inp)
     if _overlap(out, inp):
         raise ValueError(f"rank {ctx.rank}: all_to_all_v: out and inp share memory; every rank reads its peers' "
@@ -308,7 +323,7 @@ def _check_rows(ctx, out, inp, what: str) -> None:
                          f"have at least one dimension and match beyond dim 0")
 
 
-def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor, group=None) -> torch.Tensor:
     """Send chunk ``p`` (dim 0) of ``inp`` to rank ``p``; receive rank ``p``'s chunk into chunk ``p`` of ``out``.
 
     Like ``all_to_all_single`` with equal splits.
@@ -317,6 +332,7 @@ def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
 
         trident.ccl.all_to_all(ctx, out, inp)   # inp.shape[0] divisible by world_size
     """
+    ctx = _team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
     key = plan_key("all_to_all", out, inp)
     if replay(ctx, key):
         return out
@@ -339,13 +355,14 @@ def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def broadcast(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
+def broadcast(ctx, tensor: torch.Tensor, src: int, group=None) -> torch.Tensor:
     """Overwrite ``tensor`` on every rank with ``src``'s, in place, like ``torch.distributed.broadcast``.
 
     Example::
 
         trident.ccl.broadcast(ctx, weights, src=0)
     """
+    ctx = _team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
     key = plan_key("broadcast", tensor, src)
     if replay(ctx, key):
         return tensor

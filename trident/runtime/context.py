@@ -334,6 +334,16 @@ class Context(SymmetricHeapMixin):
         if config.DEBUG:
             self._compare_digests(f"allocation check ({what})")
 
+    def new_group(self, ranks, workspace_bytes: int = groups.DEFAULT_WORKSPACE_BYTES):
+        """A group of ``ranks`` (collective over the world; None elsewhere): :func:`groups.new_group`."""
+        self._check_open()
+        return groups.new_group(self, ranks, workspace_bytes)
+
+    def groups_from_mesh(self, mesh, dim, workspace_bytes: int = groups.DEFAULT_WORKSPACE_BYTES):
+        """This rank's group along a DeviceMesh dimension (collective): :func:`groups.groups_from_mesh`."""
+        self._check_open()
+        return groups.groups_from_mesh(self, mesh, dim, workspace_bytes)
+
     def device_barrier(self) -> None:
         """A barrier done by a kernel on the device (collective), usable inside CUDA-graph capture.
 

@@ -1,32 +1,223 @@
-"""Contexts by group name: how ``torch.ops.trident.*`` (keyed by a string) find their context.
+"""Process groups: a subset of the world's ranks with a heap region and a name of their own.
 
-A context registers itself when it opens, under a name every rank shares (``ctx.group_name``);
-only a weak reference is kept, so a dropped context is not kept alive by the registry.
+``g = ctx.new_group(ranks)`` is collective over the whole world (like
+``torch.distributed.new_group``): every rank passes the same ``ranks``, in any order, strided or
+not. Every rank, member or not, reserves the group's *region* on its heap then, so the world's
+heap allocations stay in step; afterwards only the members use it, for the group's collective
+workspace (sync words, staging and scratch buffers), which never touches the world's allocator.
+A rank outside ``ranks`` gets None.
+
+A :class:`Group` answers what the collectives ask a context (``rank``, ``world_size``,
+``heap_bases``, ``resource``, ``empty``/``zeros``/``free`` inside its region, ``barrier``,
+``device_barrier``), in group terms: ``g.heap_bases`` holds the members' heap bases in group
+order, so a kernel written with ``rank, world_size, heap_bases`` runs unchanged inside a group
+when given ``g.rank, g.world_size, g.heap_bases``. Groups never share flags or workspace, so
+several can run at once on different streams.
+
+Contexts and groups are also found by name (``ctx.group_name``, ``g.group_name``, the same on
+every rank): how ``torch.ops.trident.*`` name their group.
+
+Example::
+
+    tp = ctx.new_group([0, 1]) if ctx.rank < 2 else None   # wrong: every rank must call it
+    tp = ctx.new_group([0, 1])                              # None on ranks 2 and 3
+    if tp is not None:
+        trident.ccl.all_reduce(ctx, x, group=tp)
 """
 
 from __future__ import annotations
 
 import weakref
 
+import torch
+
+from .. import layout
+from ..errors import HeapExhaustedError
+from .allocator import SymmetricAllocator
+from .resources import Resources
+
 _BY_NAME: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
+#: Bytes of a group's heap region when the caller gives none: its collectives' staging and
+#: scratch buffers (a call on N bytes needs about 2N) and its sync words.
+DEFAULT_WORKSPACE_BYTES = 16 << 20
+#: The group's barrier words at the start of its region: an epoch, then one slot per member.
+_BARRIER_WORDS = 1 + layout.MAX_WORLD
+#: Bytes before the group's buffers (the barrier words, rounded up to the heap's alignment).
+_BARRIER_BYTES = -(-_BARRIER_WORDS * 8 // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN
 
-def register(ctx, name: str) -> str:
-    """Register ``ctx`` under ``name``; returns ``name``."""
-    _BY_NAME[name] = ctx
+
+def register(obj, name: str) -> str:
+    """Register a context or group under ``name``; returns ``name``."""
+    _BY_NAME[name] = obj
     return name
 
 
-def context_for_group(group_name: str):
-    """The open context named ``group_name`` in this process; a clear error if there is none.
+def resolve(group_name: str):
+    """``(ctx, group)`` for a name: ``group`` is None for a context's whole world. A clear error
+    if no open context or group in this process has that name.
 
     Example::
 
-        ctx = context_for_group(ctx.group_name)
+        ctx, group = resolve(ctx.group_name)
     """
-    ctx = _BY_NAME.get(group_name) if isinstance(group_name, str) else None
+    obj = _BY_NAME.get(group_name) if isinstance(group_name, str) else None
+    ctx = obj.ctx if isinstance(obj, Group) else obj
     if ctx is None or ctx._closed:
-        known = sorted(name for name, c in _BY_NAME.items() if not c._closed)
-        raise ValueError(f"no open trident context is named {group_name!r} in this process (open: {known}); "
-                         f"pass ctx.group_name")
-    return ctx
+        known = sorted(name for name, o in _BY_NAME.items() if not (o.ctx if isinstance(o, Group) else o)._closed)
+        raise ValueError(f"no open trident context or group is named {group_name!r} in this process "
+                         f"(open: {known}); pass ctx.group_name or g.group_name")
+    return ctx, (obj if isinstance(obj, Group) else None)
+
+
+def context_for_group(group_name: str):
+    """The context of the group or world named ``group_name`` (see :func:`resolve`)."""
+    return resolve(group_name)[0]
+
+
+class Group:
+    """Some of the world's ranks (made by :func:`new_group`); quacks like a context for the collectives.
+
+    Attributes:
+        ctx: the world's context.
+        ranks: the members' world ranks, in group order.
+        rank: this rank's place in ``ranks``; world_size: ``len(ranks)``.
+        heap_bases: int64 device tensor: the members' heap bases, in group order.
+        group_name: the same on every member.
+    """
+
+    def __init__(self, ctx, ranks: tuple[int, ...], region: torch.Tensor, region_offset: int, name: str):
+        self.ctx = ctx
+        self.ranks, self.rank, self.world_size = ranks, ranks.index(ctx.rank), len(ranks)
+        self.heap_bases = ctx.heap_bases[list(ranks)].contiguous()
+        self.heap_bases_host = tuple(ctx.heap_bases_host[r] for r in ranks)
+        self.device, self.platform = ctx.device, ctx.platform.with_world(len(ranks))
+        self.group_name = register(self, name)
+        self._region = region
+        self._barrier = region[:_BARRIER_WORDS * 8].view(torch.int64)
+        start = region_offset + _BARRIER_BYTES
+        self._allocator = SymmetricAllocator(start, region_offset + region.numel(), layout.ALLOC_ALIGN)
+        self._resources = Resources()
+
+    def __repr__(self) -> str:
+        return f"Group({self.group_name!r}, ranks={list(self.ranks)}, rank={self.rank})"
+
+    # What the collectives ask a context, in group terms.
+    @property
+    def debug(self) -> bool:
+        return self.ctx.debug
+
+    @property
+    def _closed(self) -> bool:
+        return self.ctx._closed
+
+    def is_symmetric(self, tensor) -> bool:
+        """Whether ``tensor`` lies on this rank's heap (the same answer as the world's)."""
+        return self.ctx.is_symmetric(tensor)
+
+    def agree_in_debug(self, *what) -> None:
+        """The world's debug-mode agreement check is a world collective: not run inside a group."""
+
+    def resource(self, key: str, factory):
+        """The group's own per-key state (its collective workspace), made on first use."""
+        self.ctx._check_open()
+        return self._resources.get(key, factory)
+
+    def empty(self, numel: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+        """``numel`` elements in the group's region (collective over the members)."""
+        nbytes = numel * dtype.itemsize
+        try:
+            block = self._allocator.allocate(nbytes, f"group {self.group_name} buffer of {nbytes} bytes")
+        except HeapExhaustedError:
+            raise HeapExhaustedError(
+                f"rank {self.ctx.rank}: group {self.group_name}: its heap region of {self._region.numel()} bytes "
+                f"cannot hold another {nbytes} bytes; make the group with "
+                f"ctx.new_group(ranks, workspace_bytes=...) larger (a collective on N bytes needs about 2N)"
+            ) from None
+        return self.ctx._heap[block.offset:block.offset + nbytes].view(dtype)
+
+    def zeros(self, numel: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+        """``numel`` zeroed elements in the group's region (collective over the members)."""
+        return self.empty(numel, dtype).zero_()
+
+    def free(self, *tensors: torch.Tensor) -> None:
+        """Return tensors made by :meth:`empty` / :meth:`zeros` to the region."""
+        for t in tensors:
+            self._allocator.free(self.ctx.heap_offset(t))
+
+    def device_barrier(self) -> None:
+        """A device barrier of the members only (on the group's own barrier words)."""
+        from ..kernels.barrier import launch_group_barrier
+
+        launch_group_barrier(self._barrier, self.heap_bases, self.rank, self.world_size)
+
+    def barrier(self) -> None:
+        """Wait for this rank's device work, then for every member."""
+        self.device_barrier()
+        self.ctx.check()
+
+
+def new_group(ctx, ranks, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> Group | None:
+    """A group of ``ranks`` (collective over the whole world); None on ranks outside it.
+
+    Args:
+        ctx: the world's context.
+        ranks: world ranks, any subset in any order (group rank i is ``ranks[i]``); the same on every rank.
+        workspace_bytes: the group's heap region (its collectives' buffers live there), reserved on
+            every rank of the world.
+
+    Example::
+
+        pairs = [ctx.new_group([0, 1]), ctx.new_group([2, 3])]   # every rank makes both
+        mine = next(g for g in pairs if g is not None)
+    """
+    ranks = tuple(int(r) for r in ranks)
+    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < ctx.world_size for r in ranks):
+        raise ValueError(f"rank {ctx.rank}: new_group: ranks={list(ranks)} must be distinct ranks of the world "
+                         f"(0 .. {ctx.world_size - 1}), at least one")
+    everyone = ctx.all_gather_object("new_group", (ranks, workspace_bytes))
+    if len(set(everyone)) > 1:
+        listing = "; ".join(f"rank {r}: {v}" for r, v in enumerate(everyone))
+        raise ValueError(f"rank {ctx.rank}: new_group: every rank must pass the same ranks and workspace_bytes "
+                         f"(it is collective over the world): {listing}")
+    count = ctx.resource("groups.count", lambda: [0])
+    count[0] += 1
+    buffers = -(-int(workspace_bytes) // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN
+    region = ctx.zeros(_BARRIER_BYTES + buffers, dtype=torch.uint8)
+    ctx.barrier()  # every rank zeroed its region before any member signals into it
+    if ctx.rank not in ranks:
+        return None
+    return Group(ctx, ranks, region, ctx.heap_offset(region), f"{ctx.group_name}-g{count[0]}")
+
+
+def groups_from_mesh(ctx, mesh, dim, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> Group | None:
+    """This rank's group along dimension ``dim`` of a ``torch.distributed.device_mesh.DeviceMesh``
+    (collective over the whole world: every group of that dimension is made, in mesh order).
+
+    Args:
+        ctx: the world's context.
+        mesh: the DeviceMesh (its ``mesh`` tensor of world ranks is all that is read).
+        dim: the dimension, by index or by name (``mesh.mesh_dim_names``).
+        workspace_bytes: each group's heap region (see :func:`new_group`).
+
+    Example::
+
+        mesh = DeviceMesh("cuda", torch.arange(8).view(2, 4), mesh_dim_names=("dp", "tp"))
+        tp = ctx.groups_from_mesh(mesh, "tp")     # ranks 0-3 or 4-7
+    """
+    if isinstance(dim, str):
+        names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+        if dim not in names:
+            raise ValueError(f"rank {ctx.rank}: groups_from_mesh: the mesh has no dimension named {dim!r} "
+                             f"(its names: {names})")
+        dim = names.index(dim)
+    ranks = torch.as_tensor(mesh.mesh).cpu()
+    if not -ranks.dim() <= dim < ranks.dim():
+        raise ValueError(f"rank {ctx.rank}: groups_from_mesh: dim={dim} is not a dimension of a "
+                         f"{ranks.dim()}-D mesh")
+    rows = ranks.movedim(dim, -1).reshape(-1, ranks.shape[dim]).tolist()
+    mine = None
+    for row in rows:
+        group = new_group(ctx, row, workspace_bytes)
+        mine = group if group is not None else mine
+    return mine
