@@ -193,6 +193,9 @@ def _build_specs():
     add("device_barrier_kernel", "trident.kernels.barrier:device_barrier_kernel",
         {"rank": "i32", "world_size": "i32", "heap_bases": "*i64", "WORLD_BLOCK": "constexpr"}, {"WORLD_BLOCK": 8},
         kind="barrier")
+    add("group_barrier_kernel", "trident.kernels.barrier:group_barrier_kernel",
+        {"words_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64", "WORLD_BLOCK": "constexpr"},
+        {"WORLD_BLOCK": 8}, kind="barrier")
     for kernel, (signature, constexprs) in EXAMPLES.items():
         add(f"example-{kernel.replace('.py:', '-')}", kernel, signature, constexprs, kind="example")
     return specs
@@ -415,9 +418,10 @@ def test_wait_spins_on_a_volatile_load_with_a_timeout(builds, mode, name):
     _check_wait(_ptx(builds, mode, name), meta["sem"], meta["scope"], BITS[meta["dtype"]])
 
 
+@pytest.mark.parametrize("kernel", ["device_barrier_kernel", "group_barrier_kernel"])
 @pytest.mark.parametrize("mode", MODES)
-def test_device_barrier(builds, mode):
-    ptx = _ptx(builds, mode, "device_barrier_kernel")
+def test_device_barrier(builds, mode, kernel):
+    ptx = _ptx(builds, mode, kernel)
     releases = [a for a in atomics(ptx) if a[3] == "exch"]
     assert releases and set(releases) == {("atom", "release", "sys", "exch", 64)}, describe(ptx, _ATOM.pattern)
     _check_wait(ptx, "acquire", "sys", 64)
