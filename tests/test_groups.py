@@ -178,17 +178,56 @@ def _custom_ops_in_a_group(ctx):
     x = torch.full((8,), float(ctx.rank), device=ctx.device)
     summed = torch.ops.trident.all_reduce(x, "sum", g.group_name)
     gathered = torch.ops.trident.all_gather(x, g.group_name)
-    try:
-        torch.ops.trident.gemm_all_reduce(torch.ones(2, 2), torch.ones(2, 2), g.group_name)
-        refused = ""
-    except NotImplementedError as exc:
-        refused = str(exc)
-    return float(summed[0]), gathered[::8].tolist(), refused
+    fused = torch.ops.trident.gemm_all_reduce(torch.full((2, 4), float(ctx.rank)), torch.ones(4, 3), g.group_name)
+    return float(summed[0]), gathered[::8].tolist(), float(fused[0, 0])
 
 
 def test_custom_ops_take_a_groups_name(pool4):
     results = pool4.run(_custom_ops_in_a_group)
     assert results[0] is None and results[2] is None
     for r in (1, 3):
-        total, gathered, refused = results[r]
-        assert total == 4 and gathered == [1.0, 3.0] and "whole world" in refused
+        total, gathered, fused = results[r]
+        assert total == 4 and gathered == [1.0, 3.0] and fused == 4 * (1 + 3)
+
+
+def _mat(seed, *shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _fused_ops_in_groups(ctx):
+    """Every fused op in both groups of [[0, 2], [3, 1]] at once, against torch (by group rank)."""
+    from trident import ops
+
+    groups = [ctx.new_group(p, workspace_bytes=WS) for p in ([0, 2], [3, 1])]
+    g = next(x for x in groups if x is not None)
+    w, gr, dev = g.world_size, g.rank, ctx.device
+    A = [_mat(10 + p, 8, 16) for p in range(w)]
+    B = [_mat(20 + p, 16, 6) for p in range(w)]
+    total = sum(a @ b for a, b in zip(A, B, strict=True))
+    errors = {}
+    for pattern in ("bulk_synchronous", "fused_sequential", "workgroup_specialized"):
+        C = torch.empty(8, 6, device=dev)
+        ops.gemm_all_reduce(ctx, A[gr].to(dev), B[gr].to(dev), C, pattern=pattern, group=g)
+        errors[f"gemm_all_reduce {pattern}"] = float((C.cpu() - total).abs().max())
+        C = torch.empty(8 // w, 6, device=dev)
+        ops.gemm_reduce_scatter(ctx, A[gr].to(dev), B[gr].to(dev), C, pattern=pattern, group=g)
+        errors[f"gemm_reduce_scatter {pattern}"] = float((C.cpu() - total[gr * 4:(gr + 1) * 4]).abs().max())
+        C = torch.empty(w * 8, 6, device=dev)
+        ops.all_gather_gemm(ctx, A[gr].to(dev), B[0].to(dev), C, pattern=pattern, group=g)
+        errors[f"all_gather_gemm {pattern}"] = float((C.cpu() - torch.cat(A) @ B[0]).abs().max())
+        C = g.empty(8 * 6 * w, dtype=torch.float32).view(8, 6 * w)  # symmetric within the group
+        ops.gemm_all_scatter(ctx, A[0].to(dev), B[gr].to(dev), C, pattern=pattern, group=g)
+        errors[f"gemm_all_scatter {pattern}"] = float((C.cpu() - A[0] @ torch.cat(B, dim=1)).abs().max())
+        g.free(C)
+    x = [_mat(30 + p, 5, 16) for p in range(w)]
+    out, h = ops.all_reduce_rmsnorm(ctx, x[gr].to(dev), torch.ones(16, device=dev), group=g)
+    want = sum(x)
+    errors["all_reduce_rmsnorm"] = float((h.cpu() - want).abs().max())
+    ctx.barrier()
+    return errors
+
+
+def test_every_fused_op_runs_in_groups_side_by_side(pool4):
+    for errors in pool4.run(_fused_ops_in_groups):
+        bad = {name: err for name, err in errors.items() if not err < 1e-3}
+        assert not bad, bad

@@ -43,15 +43,6 @@ def _world(group: str) -> int:
     return (g or ctx).world_size
 
 
-def _world_only(group: str, op: str):
-    """The context of a whole-world name; fused ops run over the whole world (groups: collectives only)."""
-    ctx, g = resolve(group)
-    if g is not None:
-        raise NotImplementedError(f"torch.ops.trident.{op}: fused ops run over the whole world for now; pass "
-                                  f"ctx.group_name (group {group!r} works with the collectives)")
-    return ctx
-
-
 # -- collectives ------------------------------------------------------------------------------------
 
 @torch.library.custom_op("trident::all_reduce", mutates_args=())
@@ -136,7 +127,8 @@ def gemm_all_reduce(A: torch.Tensor, B: torch.Tensor, group: str) -> torch.Tenso
     from . import ops
 
     C = A.new_empty((A.shape[0], B.shape[1]))
-    return ops.gemm_all_reduce(_world_only(group, "gemm_all_reduce"), A.contiguous(), B.contiguous(), C)
+    ctx, g = resolve(group)
+    return ops.gemm_all_reduce(ctx, A.contiguous(), B.contiguous(), C, group=g)
 
 
 @gemm_all_reduce.register_fake
@@ -150,7 +142,8 @@ def gemm_reduce_scatter(A: torch.Tensor, B: torch.Tensor, group: str) -> torch.T
     from . import ops
 
     C = A.new_empty((A.shape[0] // _world(group), B.shape[1]))
-    return ops.gemm_reduce_scatter(_world_only(group, "gemm_reduce_scatter"), A.contiguous(), B.contiguous(), C)
+    ctx, g = resolve(group)
+    return ops.gemm_reduce_scatter(ctx, A.contiguous(), B.contiguous(), C, group=g)
 
 
 @gemm_reduce_scatter.register_fake
@@ -163,9 +156,9 @@ def all_gather_gemm(A_local: torch.Tensor, B: torch.Tensor, group: str) -> torch
     """Every rank's rows of A (stacked in rank order) times ``B``."""
     from . import ops
 
-    ctx = _world_only(group, "all_gather_gemm")
-    C = A_local.new_empty((ctx.world_size * A_local.shape[0], B.shape[1]))
-    return ops.all_gather_gemm(ctx, A_local.contiguous(), B.contiguous(), C)  # a plain A_local is staged
+    ctx, g = resolve(group)
+    C = A_local.new_empty(((g or ctx).world_size * A_local.shape[0], B.shape[1]))
+    return ops.all_gather_gemm(ctx, A_local.contiguous(), B.contiguous(), C, group=g)  # a plain A_local is staged
 
 
 @all_gather_gemm.register_fake
@@ -178,13 +171,15 @@ def gemm_all_scatter(A: torch.Tensor, B_local: torch.Tensor, group: str) -> torc
     """``A @ B`` on every rank, where rank r holds B's column block r."""
     from . import ops
 
-    ctx = _world_only(group, "gemm_all_scatter")
-    C = ctx.empty(A.shape[0], ctx.world_size * B_local.shape[1], dtype=A.dtype)  # peers store into it
+    ctx, g = resolve(group)
+    owner = g or ctx  # peers store into C: symmetric memory of the group (its region) or of the world
+    M, N = A.shape[0], owner.world_size * B_local.shape[1]
+    C = owner.empty(M * N, dtype=A.dtype).view(M, N)
     try:
-        ops.gemm_all_scatter(ctx, A.contiguous(), B_local.contiguous(), C)
+        ops.gemm_all_scatter(ctx, A.contiguous(), B_local.contiguous(), C, group=g)
         return _plain_copy(C)
     finally:
-        ctx.free(C)
+        owner.free(C)
 
 
 @gemm_all_scatter.register_fake
@@ -198,8 +193,8 @@ def all_reduce_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residu
     """``h = all_reduce(x) (+ residual)``, ``out = rmsnorm(h) * weight``: returns ``(out, h)``."""
     from . import ops
 
-    ctx = _world_only(group, "all_reduce_rmsnorm")
-    return ops.all_reduce_rmsnorm(ctx, x.contiguous(), weight, eps=eps, residual=residual)
+    ctx, g = resolve(group)
+    return ops.all_reduce_rmsnorm(ctx, x.contiguous(), weight, eps=eps, residual=residual, group=g)
 
 
 @all_reduce_rmsnorm.register_fake

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from ..errors import NotSymmetricError
 from ..kernels.prepared import Plan, launch, plan_key
+from ..runtime.groups import team
 from . import kernels
 from .kernels import MAX_PROGRAMS
 from .workspace import keep_plan, new_plan, replay, run_step, workspace
@@ -86,17 +87,6 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
         return start, start + (last + 1) * t.element_size()
     (a0, a1), (b0, b1) = span(a), span(b)
     return a0 < b1 and b0 < a1
-
-
-def _team(ctx, group):
-    """Who a collective runs over: the whole world (``group`` None) or a group of ``ctx.new_group``,
-    which answers the same questions (rank, world_size, heap_bases, workspace) in group terms."""
-    if group is None:
-        return ctx
-    if getattr(group, "ctx", None) is not ctx:
-        raise ValueError(f"rank {ctx.rank}: group={group!r} is not a group of this context: make it with "
-                         f"ctx.new_group(ranks), and pass it on its member ranks only")
-    return group
 
 
 def _program_limit(ctx) -> int:
@@ -170,7 +160,7 @@ def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor, group=None) -> torch.T
         out = torch.empty(ctx.world_size * 1024, device=ctx.device)
         trident.ccl.all_gather(ctx, out, ctx.ones(1024))
     """
-    ctx = _team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
+    ctx = team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
     key = plan_key("all_gather", out, inp)
     if replay(ctx, key):
         return out
@@ -195,7 +185,7 @@ def reduce_scatter(ctx, out: torch.Tensor, inp: torch.Tensor, op="sum", group=No
         out = torch.empty(1024, device=ctx.device)
         trident.ccl.reduce_scatter(ctx, out, ctx.ones(ctx.world_size * 1024))   # out == world_size
     """
-    ctx = _team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
+    ctx = team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
     key = plan_key("reduce_scatter", out, inp, op)
     if replay(ctx, key):
         return out
@@ -230,7 +220,7 @@ def all_reduce(ctx, tensor: torch.Tensor, op="sum", algorithm: str = "auto", gro
         x = ctx.full((4096,), float(ctx.rank))
         trident.ccl.all_reduce(ctx, x)      # every element: 0 + 1 + ... + world_size-1
     """
-    ctx = _team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
+    ctx = team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
     key = plan_key("all_reduce", tensor, op, algorithm)
     if replay(ctx, key):
         return tensor
@@ -298,7 +288,7 @@ def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_split
 
         trident.ccl.all_to_all_v(ctx, out, tokens[:n], out_splits=recv_counts, in_splits=send_counts)
     """
-    ctx = _team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
+    ctx = team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
     _check(ctx, "all_to_all_v", out=out, inp=inp)
     if _overlap(out, inp):
         raise ValueError(f"rank {ctx.rank}: all_to_all_v: out and inp share memory; every rank reads its peers' "
@@ -332,7 +322,7 @@ def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor, group=None) -> torch.T
 
         trident.ccl.all_to_all(ctx, out, inp)   # inp.shape[0] divisible by world_size
     """
-    ctx = _team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
+    ctx = team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
     key = plan_key("all_to_all", out, inp)
     if replay(ctx, key):
         return out
@@ -362,7 +352,7 @@ def broadcast(ctx, tensor: torch.Tensor, src: int, group=None) -> torch.Tensor:
 
         trident.ccl.broadcast(ctx, weights, src=0)
     """
-    ctx = _team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
+    ctx = team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
     key = plan_key("broadcast", tensor, src)
     if replay(ctx, key):
         return tensor

@@ -21,6 +21,7 @@ import triton
 
 from ..ccl import all_gather
 from ..ccl.api import input_stage
+from ..runtime.groups import team
 from . import all_gather_gemm_kernels as kernels
 from .call_cache import call_key, recall, remember
 from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, comm_span, prepare_call, split_roles
@@ -138,7 +139,7 @@ PATTERNS = ALL_GATHER_GEMM.pattern_names
 
 def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor, pattern: str = "auto",
                     config: MatmulConfig | None = None, comm_programs: int | None = None,
-                    trace=None) -> torch.Tensor:
+                    trace=None, group=None) -> torch.Tensor:
     """``C = all_gather(A_local) @ B`` on every rank (A gathered along rows); collective.
 
     Args:
@@ -167,6 +168,7 @@ def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor
         C = torch.empty(ctx.world_size * 1024, 2048, dtype=torch.bfloat16, device=ctx.device)
         trident.ops.all_gather_gemm(ctx, A_local, W_up_shard, C)       # every rank's tokens x my columns
     """
+    ctx = team(ctx, group)  # the whole world, or a group of ctx.new_group
     key = call_key(ctx, ALL_GATHER_GEMM, A_local, B, C, pattern, config, comm_programs, trace)
     call = recall(ctx, key, A_local, B, C)
     if call is None:  # the first call with this key: check everything, then decide

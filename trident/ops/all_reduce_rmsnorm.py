@@ -29,6 +29,7 @@ import triton
 from ..ccl.api import input_stage
 from ..ccl.kernels import MAX_PROGRAMS
 from ..ccl.workspace import workspace
+from ..runtime.groups import team
 from .all_reduce_rmsnorm_kernels import all_reduce_rmsnorm_kernel, num_warps
 
 #: Input dtypes (x, residual, weight); accumulation is fp32 for all.
@@ -91,7 +92,7 @@ def _check(ctx, x, weight, eps, residual, out_dtype, scale):
 
 def all_reduce_rmsnorm(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                        residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-                       scale=None) -> tuple[torch.Tensor, torch.Tensor]:
+                       scale=None, group=None) -> tuple[torch.Tensor, torch.Tensor]:
     """All-reduce ``x`` across ranks, add ``residual``, RMS-normalise each row: one kernel.
 
     Args:
@@ -113,6 +114,7 @@ def all_reduce_rmsnorm(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float = 
 
         out, residual = trident.ops.all_reduce_rmsnorm(ctx, partial, norm_weight, 1e-6, residual=residual)
     """
+    ctx = team(ctx, group)  # the whole world, or a group of ctx.new_group
     _check(ctx, x, weight, eps, residual, out_dtype, scale)
     tokens, hidden = x.shape
     fp8 = out_dtype is not None

@@ -148,6 +148,8 @@ def prepare_call(ctx, spec: OpSpec, pattern: str, A: torch.Tensor, B: torch.Tens
     """
     if pattern == "auto":
         pattern = spec.choose(ctx.platform, size)
+        if pattern == "baseline" and getattr(ctx, "ranks", None) is not None:
+            pattern = spec.shared_gpu_pattern  # the NCCL baseline runs over the world, never in a group
     return FusedCall(ctx, spec, pattern, A, B, C, cfg=config or pick_config(*gemm, A.dtype, ctx.platform),
                      comm_programs=comm_programs or spec.comm_programs(ctx.platform), trace=trace)
 
@@ -227,6 +229,9 @@ def check_pattern(ctx, where: str, pattern: str, spec: OpSpec, comm_programs=Non
     """
     if pattern not in spec.pattern_names:
         raise ValueError(f"{where}: pattern={pattern!r} is not one of {spec.pattern_names}")
+    if pattern == "baseline" and getattr(ctx, "ranks", None) is not None:
+        raise ValueError(f"{where}: pattern='baseline' (torch.distributed over the whole world) cannot run in a "
+                         f"group; pick one of trident's patterns")
     if pattern == "baseline" and ctx.platform.ranks_share_gpus:
         raise ValueError(f"{where}: pattern='baseline' needs one GPU per rank (NCCL cannot place "
                          f"{ctx.world_size} ranks on {ctx.platform.gpus_visible} GPU(s))")

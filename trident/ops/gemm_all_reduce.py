@@ -34,6 +34,7 @@ import triton
 
 from ..ccl import all_reduce
 from ..ccl.api import input_stage
+from ..runtime.groups import team
 from ..runtime.resources import GrowingBuffer
 from . import gemm_all_reduce_kernels as kernels
 from .call_cache import call_key, recall, remember
@@ -154,7 +155,7 @@ PATTERNS = GEMM_ALL_REDUCE.pattern_names
 
 def gemm_all_reduce(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, pattern: str = "auto",
                     config: MatmulConfig | None = None, comm_programs: int | None = None,
-                    trace=None) -> torch.Tensor:
+                    trace=None, group=None) -> torch.Tensor:
     """``C = sum over ranks of A @ B``, on every rank; collective.
 
     Args:
@@ -178,6 +179,7 @@ def gemm_all_reduce(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, patt
         C = torch.empty(M, N, dtype=torch.bfloat16, device=ctx.device)
         trident.ops.gemm_all_reduce(ctx, hidden_shard, W_out_shard, C)
     """
+    ctx = team(ctx, group)  # the whole world, or a group of ctx.new_group
     key = call_key(ctx, GEMM_ALL_REDUCE, A, B, C, pattern, config, comm_programs, trace)
     call = recall(ctx, key, A, B, C)
     if call is None:  # the first call with this key: check everything, then decide

@@ -23,6 +23,7 @@ import contextlib
 import torch
 import triton
 
+from ..runtime.groups import team
 from . import gemm_all_scatter_kernels as kernels
 from .call_cache import call_key, recall, remember
 from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, prepare_call, split_roles
@@ -177,7 +178,8 @@ PATTERNS = GEMM_ALL_SCATTER.pattern_names
 
 
 def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tensor, pattern: str = "auto",
-                     config: MatmulConfig | None = None, comm_programs: int | None = None, trace=None) -> torch.Tensor:
+                     config: MatmulConfig | None = None, comm_programs: int | None = None, trace=None,
+                     group=None) -> torch.Tensor:
     """``C = A @ B`` on every rank, where rank r holds B's column block r; collective.
 
     Args:
@@ -203,6 +205,7 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
         C = ctx.empty(M, N, dtype=torch.bfloat16)
         trident.ops.gemm_all_scatter(ctx, A, B_local, C, pattern="fused_sequential")
     """
+    ctx = team(ctx, group)  # the whole world, or a group of ctx.new_group
     key = call_key(ctx, GEMM_ALL_SCATTER, A, B_local, C, pattern, config, comm_programs, trace)
     call = recall(ctx, key, A, B_local, C)
     if call is None:  # the first call with this key: check everything, then decide

@@ -25,6 +25,7 @@ import triton
 
 from ..ccl import reduce_scatter
 from ..ccl.api import input_stage
+from ..runtime.groups import team
 from ..runtime.resources import GrowingBuffer
 from . import gemm_reduce_scatter_kernels as kernels
 from .call_cache import call_key, recall, remember
@@ -147,7 +148,7 @@ PATTERNS = GEMM_REDUCE_SCATTER.pattern_names
 
 def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, pattern: str = "auto",
                         config: MatmulConfig | None = None, comm_programs: int | None = None,
-                        trace=None) -> torch.Tensor:
+                        trace=None, group=None) -> torch.Tensor:
     """``C = (sum over ranks of A @ B)[my rows]``; collective.
 
     Args:
@@ -171,6 +172,7 @@ def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, 
         C = torch.empty(M // ctx.world_size, N, dtype=torch.bfloat16, device=ctx.device)
         trident.ops.gemm_reduce_scatter(ctx, hidden_shard, W_down_shard, C)
     """
+    ctx = team(ctx, group)  # the whole world, or a group of ctx.new_group
     key = call_key(ctx, GEMM_REDUCE_SCATTER, A, B, C, pattern, config, comm_programs, trace)
     call = recall(ctx, key, A, B, C)
     if call is None:  # the first call with this key: check everything, then decide

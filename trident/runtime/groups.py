@@ -111,6 +111,10 @@ class Group:
     def _closed(self) -> bool:
         return self.ctx._closed
 
+    def heap_offset(self, tensor) -> int:
+        """A heap tensor's offset (the same as the world's)."""
+        return self.ctx.heap_offset(tensor)
+
     def is_symmetric(self, tensor) -> bool:
         """Whether ``tensor`` lies on this rank's heap (the same answer as the world's)."""
         return self.ctx.is_symmetric(tensor)
@@ -155,6 +159,22 @@ class Group:
         """Wait for this rank's device work, then for every member."""
         self.device_barrier()
         self.ctx.check()
+
+
+def team(ctx, group):
+    """Who a collective or fused op runs over: the whole world (``group`` None) or a :class:`Group`
+    of ``ctx``, which answers the same questions (rank, world_size, heap_bases, workspace) in group terms.
+
+    Example::
+
+        ctx = team(ctx, group)   # at the top of an op that takes group=None
+    """
+    if group is None or group is ctx:
+        return ctx
+    if not isinstance(group, Group) or group.ctx is not getattr(ctx, "ctx", ctx):
+        raise ValueError(f"rank {ctx.rank}: group={group!r} is not a group of this context: make it with "
+                         f"ctx.new_group(ranks), and pass it on its member ranks only")
+    return group
 
 
 def new_group(ctx, ranks, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> Group | None:
