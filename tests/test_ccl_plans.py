@@ -105,3 +105,29 @@ def _debug_records_nothing(ctx):
 def test_the_debug_mode_records_no_plan():
     for plans, x in get_pool(2, TRIDENT_DEBUG="1").run(_debug_records_nothing):
         assert plans == 0 and torch.all(x == 2)
+
+
+def _growth_in_capture(ctx):
+    import trident.runtime.resources as resources
+
+    x = torch.zeros(16, device=ctx.device)
+    ccl.all_reduce(ctx, _filled(ctx, x, 1))            # the buffers for 16 elements exist now
+    real = resources._capturing
+    resources._capturing = lambda _ctx: True           # as if the stream were being captured
+    try:
+        ccl.all_reduce(ctx, _filled(ctx, x, 2))        # same sizes: no growth, fine while capturing
+        try:
+            ccl.all_reduce(ctx, torch.zeros(1 << 16, device=ctx.device))
+            refused = ""
+        except Exception as exc:  # noqa: BLE001  (the type is checked below)
+            refused = f"{type(exc).__name__}: {exc}"
+    finally:
+        resources._capturing = real
+    return float(x[0]), refused
+
+
+def test_a_buffer_never_grows_inside_cuda_graph_capture(pool2):
+    """Growing would free memory that captured work uses: the call is refused with what to do."""
+    for value, refused in pool2.run(_growth_in_capture):
+        assert value == 4
+        assert refused.startswith("TridentError") and "once before capturing" in refused

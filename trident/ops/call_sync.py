@@ -42,7 +42,8 @@ epoch. When a call needs more flags than the block holds, the block is replaced 
 zeroed one on every rank at that call (the sizes are the same everywhere), after every earlier
 kernel has finished: epochs restart from 0 everywhere at once. A CUDA graph keeps the block's
 address: capture a fused op after an uncaptured call of the same sizes, so that it does not grow
-during capture, and capture again after a call that grew it.
+during capture (a call that would grow it inside capture is refused with that advice), and
+capture again after a call that grew it.
 
 In the simulator a launch's programs run one after another in program-id order, so a program's
 arrival is its program id, and the program that waits in :func:`finish_call` is the last one to

@@ -15,6 +15,13 @@ from collections.abc import Callable
 
 import torch
 
+from ..errors import TridentError
+
+
+def _capturing(ctx) -> bool:
+    """Whether this rank's current stream is being captured into a CUDA graph (never in the simulator)."""
+    return not ctx.platform.simulator and torch.cuda.is_current_stream_capturing()
+
 
 class Resources:
     """The resources of one context, in the order they were made."""
@@ -64,9 +71,21 @@ class GrowingBuffer:
         self.generation = 0  # times (re)allocated: callers caching views of it compare this
 
     def get(self, nbytes: int) -> torch.Tensor:
-        """At least ``nbytes`` bytes (uint8, symmetric); the same size on every rank."""
+        """At least ``nbytes`` bytes (uint8, symmetric); the same size on every rank.
+
+        Raises:
+            TridentError: the buffer would have to grow while the current stream is being captured
+                into a CUDA graph (growing frees the memory earlier captured work uses, and the
+                barriers it takes cannot be captured): make the same call once before capturing.
+        """
         nbytes = max(int(nbytes), 1)
         if self.tensor is None or self.tensor.numel() < nbytes:
+            if _capturing(self.ctx):
+                have = 0 if self.tensor is None else self.tensor.numel()
+                raise TridentError(
+                    f"rank {self.ctx.rank}: a call inside CUDA-graph capture needs {nbytes} bytes of a trident "
+                    f"buffer that holds {have}: growing it would free memory that captured work uses. Make the "
+                    f"same call (same sizes) once before capturing, so that its buffers exist already")
             if self.tensor is not None:
                 self.ctx.device_barrier()  # no rank's earlier kernel still uses the old buffer
                 old, self.tensor = self.tensor, None  # gone before freed: nothing points at freed memory
