@@ -19,6 +19,7 @@ CPU interpreter (the simulator), which must happen before any ``@triton.jit``.
 
 from . import ccl, config, platform, torch_ops, trace  # torch_ops: registers torch.ops.trident.* (~15 ms)
 from .device import (
+    arrival_ticket,
     atomic_add,
     atomic_and,
     atomic_cas,
@@ -58,7 +59,7 @@ __all__ = [
     "init", "Context", "spawn", "config", "platform", "ccl", "trace", "torch_ops",
     "translate", "load", "store", "get", "put", "copy",
     "atomic_add", "atomic_sub", "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor",
-    "atomic_min", "atomic_max", "atomic_cas", "signal", "wait", "sync_ranks", "control_block",
+    "atomic_min", "atomic_max", "atomic_cas", "signal", "wait", "sync_ranks", "arrival_ticket", "control_block",
     "TridentError", "BackendUnavailableError", "ContextClosedError", "DeviceError", "DivergenceError",
     "HeapExhaustedError", "NotSymmetricError", "RankTimeoutError", "SpawnError",
 ]

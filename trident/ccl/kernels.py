@@ -1,6 +1,6 @@
 """The collective kernels. All follow one shape:
 
-    pid = _arrive(sync_ptr)                       # my index: my arrival ticket, not my program id
+    pid = arrival_ticket(sync_ptr + ARRIVAL)        # my index: my arrival ticket, not my program id
     epoch, shift = _enter(src, sync_ptr, pid, ...)  # publish where my input lies, meet every rank
     for each of my tiles: read peers, write mine  # persistent loop: tile = pid, pid + programs, ...
     _exit(epoch, sync_ptr, ...)                   # peers are done reading my input; count this call
@@ -9,13 +9,14 @@
 rank p's input lies after mine: ranks may pass different heap tensors (or one a heap tensor and
 another a staged plain one), and peers' copies are found through it, not assumed at my offset.
 
-A program's index ``pid`` is its *arrival ticket*: 0, 1, 2, ... in the order the programs of the
-launch actually start on this rank (:func:`_arrive`), not ``tl.program_id``. Program ``pid`` of one
-rank only ever waits for program ``pid`` of the others, so the k-th program to start on a rank
-meets the k-th to start on every peer: whatever order each GPU starts programs in, and however
-few are resident at a time, the programs that wait are matched with programs that have started.
-The kernels also run in the simulator, where a launch's programs run one after another. Epochs live on
-the device, so CUDA-graph replays stay correct.
+A program's index ``pid`` is its *arrival ticket* (:func:`trident.device.arrival_ticket` on the
+``ARRIVAL_WORD``): 0, 1, 2, ... in the order the programs of the launch actually start on this
+rank, not ``tl.program_id``. Program ``pid`` of one rank only ever waits for program ``pid`` of
+the others, so the k-th program to start on a rank meets the k-th to start on every peer: whatever
+order each GPU starts programs in, and however few are resident at a time, the programs that wait
+are matched with programs that have started. The kernels also run in the simulator, where a
+launch's programs run one after another. Epochs live on the device, so CUDA-graph replays stay
+correct.
 
 Every kernel takes one ``sync_ptr``: the workspace's sync block, symmetric int64 words zeroed
 once, laid out as::
@@ -37,7 +38,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..device import load, sync_ranks
+from ..device import arrival_ticket, load, sync_ranks
 from .device import reduce_tile, shifted
 
 #: Most programs a collective launches; also the number of per-program words in the sync block.
@@ -66,19 +67,6 @@ def sync_words(world_size: int) -> int:
         sync = ctx.zeros(sync_words(ctx.world_size), dtype=torch.int64)
     """
     return FLAGS_WORD + PHASES * MAX_PROGRAMS * world_size
-
-
-@triton.jit
-def _arrive(sync_ptr):
-    """This program's arrival ticket: 0, 1, 2, ... in the order the launch's programs start here.
-
-    The last program to arrive resets the counter for the next launch (stream-ordered after this
-    one): every program of this launch has taken its ticket by then.
-    """
-    ticket = tl.atomic_add(sync_ptr + _ARRIVAL, 1, sem="relaxed", scope="gpu")
-    if ticket == tl.num_programs(0) - 1:
-        tl.atomic_xchg(sync_ptr + _ARRIVAL, 0, sem="relaxed", scope="gpu")
-    return ticket.to(tl.int32)
 
 
 @triton.jit
@@ -160,7 +148,7 @@ def all_gather_kernel(
 
     With ``STAGE`` the input ``src`` is not on the heap: it is first copied into ``inp`` (a heap buffer).
     """
-    pid = _arrive(sync_ptr)  # the launch's programs by arrival, not by program id
+    pid = arrival_ticket(sync_ptr + _ARRIVAL)  # the launch's programs by arrival, not by program id
     if STAGE:
         _stage_tiles(src_ptr, inp_ptr, n, pid, BLOCK)
     epoch, shift = _enter(inp_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
@@ -182,7 +170,7 @@ def reduce_scatter_kernel(
     BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
     """Rank r reduces chunk r (``m`` elements) of every rank's input into ``out``."""
-    pid = _arrive(sync_ptr)  # the launch's programs by arrival, not by program id
+    pid = arrival_ticket(sync_ptr + _ARRIVAL)  # the launch's programs by arrival, not by program id
     epoch, shift = _enter(inp_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     for tile in range(pid, tl.cdiv(m, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, m, BLOCK)
@@ -203,7 +191,7 @@ def all_to_all_kernel(
 
     With ``EQUAL`` every rank sends ``equal_rows`` rows to every rank, in rank order: no table is read.
     """
-    pid = _arrive(sync_ptr)  # the launch's programs by arrival, not by program id
+    pid = arrival_ticket(sync_ptr + _ARRIVAL)  # the launch's programs by arrival, not by program id
     epoch, shift = _enter(inp_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     for i in range(world_size):
         peer = (rank + i) % world_size
@@ -230,7 +218,7 @@ def broadcast_kernel(
     BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
     """Every rank but ``src`` reads ``src``'s ``x`` into its own."""
-    pid = _arrive(sync_ptr)  # the launch's programs by arrival, not by program id
+    pid = arrival_ticket(sync_ptr + _ARRIVAL)  # the launch's programs by arrival, not by program id
     epoch, shift = _enter(x_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     if rank != src:
         source = shifted(x_ptr, shift, src)
@@ -254,7 +242,7 @@ def all_reduce_one_shot_kernel(
     until peers are done reading ``x``. With ``STAGE`` the caller's ``src`` is first copied into
     ``x`` (a heap buffer), and results go straight to ``out``, which no peer reads.
     """
-    pid = _arrive(sync_ptr)  # the launch's programs by arrival, not by program id
+    pid = arrival_ticket(sync_ptr + _ARRIVAL)  # the launch's programs by arrival, not by program id
     if STAGE:
         _stage_tiles(src_ptr, x_ptr, n, pid, BLOCK)
     epoch, shift = _enter(x_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
@@ -289,7 +277,7 @@ def all_reduce_two_shot_kernel(
     ``x`` on the heap (program ``pid`` stages tile t of every chunk, which is what program ``pid``
     of each peer reads); without, ``src``, ``x`` and ``out`` are one tensor.
     """
-    pid = _arrive(sync_ptr)  # the launch's programs by arrival, not by program id
+    pid = arrival_ticket(sync_ptr + _ARRIVAL)  # the launch's programs by arrival, not by program id
     tiles = tl.cdiv(chunk, BLOCK)
     if STAGE:
         for owner in range(world_size):

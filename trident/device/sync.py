@@ -185,6 +185,29 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
 
 
 @triton.jit
+def arrival_ticket(counter_ptr):
+    """This program's arrival ticket: 0, 1, 2, ... in the order the launch's programs start.
+
+    ``counter_ptr`` is a local int64 word, zero before the launch; the last program to arrive
+    sets it back to zero, so the next launch (stream-ordered after this one) counts afresh. Take
+    roles and work from the ticket rather than ``tl.program_id`` when programs of one launch wait
+    on each other: a program then only waits on programs that started before it. An int32, as
+    ``tl.program_id`` is.
+
+    Example::
+
+        me = trident.arrival_ticket(counter_ptr)
+        if me < producers:
+            ...   # producers never wait on this launch's other programs
+    """
+    # Relaxed: the ticket only has to be unique and in start order; this GPU alone counts it.
+    ticket = tl.atomic_add(counter_ptr, 1, sem="relaxed", scope="gpu")
+    if ticket == tl.num_programs(0) - 1:
+        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
+    return ticket.to(tl.int32)
+
+
+@triton.jit
 def sync_ranks(slots_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
     """Wait until every rank's program has reached ``epoch`` at this point (a barrier for one program).
 

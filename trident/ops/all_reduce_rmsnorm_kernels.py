@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 
 from ..ccl.device import reduce_tile
-from ..ccl.kernels import _arrive, _enter, _exit
+from ..ccl.kernels import _ARRIVAL, _enter, _exit
+from ..device import arrival_ticket
 
 #: Largest magnitude of float8_e4m3fn.
 FP8_E4M3_MAX = 448.0
@@ -48,7 +49,7 @@ def all_reduce_rmsnorm_kernel(
     BLOCK_H: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
     """``h = sum over ranks of x (+ residual)``, ``out = h * rsqrt(mean(h^2) + eps) * weight`` per row."""
-    pid = _arrive(sync_ptr)  # programs by arrival: the k-th to start meets the k-th on every peer
+    pid = arrival_ticket(sync_ptr + _ARRIVAL)  # programs by arrival: the k-th to start meets the k-th on every peer
     epoch, shift = _enter(x_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     cols = tl.arange(0, BLOCK_H)
     in_row = cols < hidden

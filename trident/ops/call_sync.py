@@ -22,10 +22,11 @@ Kernels take the block as one ``sync_ptr`` and find the regions with :func:`read
   last call are consumed.
 * :func:`wait_peers_ready`: before a program first touches a peer (reads its input, writes its
   output), it acquires that from every peer.
-* :func:`finish_call`: every program takes a ticket at its end; the last one resets the two
-  counters, tells every peer "I am done with you" (``ARRIVED[rank] = epoch``), waits until every
-  peer has said the same, and stores the new epoch. So when the kernel ends, every peer's writes
-  into this rank have landed and no peer still reads this rank's inputs.
+* :func:`finish_call`: every program takes a ticket at its end; the last one resets that counter
+  (the last to arrive resets the arrival counter), tells every peer "I am done with you"
+  (``ARRIVED[rank] = epoch``), waits until every peer has said the same, and stores the new epoch.
+  So when the kernel ends, every peer's writes into this rank have landed and no peer still reads
+  this rank's inputs.
 
 Forward progress. A GPU need not run all programs of a launch at once, nor start them in
 program-id order: under MPS a process has a share of the SMs, and a kernel on another stream may
@@ -56,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..device import signal, wait
+from ..device import arrival_ticket, signal, wait
 from ..runtime.resources import GrowingBuffer
 
 # Word indices (int64) inside the sync block; the READY, ARRIVED and FLAGS regions follow READY_WORD.
@@ -147,10 +148,7 @@ def enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr
             ...
     """
     epoch = call_epoch(sync_ptr)
-    # Relaxed: the ticket only has to be unique and in start order; this GPU alone counts it.
-    # An int32, as tl.program_id is: it takes a program id's place in tile indices (and TMA
-    # coordinates must be int32).
-    arrival = tl.atomic_add(sync_ptr + _ARRIVAL, 1, sem="relaxed", scope="gpu").to(tl.int32)
+    arrival = arrival_ticket(sync_ptr + _ARRIVAL)  # int32: it takes a program id's place (TMA coordinates)
     if arrival == 0:
         peers = tl.arange(0, WORLD_BLOCK)
         signal(ready_words(sync_ptr) + rank + peers * 0, epoch, rank, peers, heap_bases, mask=peers < world_size)
@@ -176,7 +174,7 @@ def wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases):
 @triton.jit
 def finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
     """Called by every program at its end, after its :func:`enter_call`; the last one to get here
-    completes the call and resets the finish and arrival counters for the next launch (see module doc).
+    completes the call and resets the finish counter for the next launch (see module doc).
 
     Example::
 
@@ -185,10 +183,7 @@ def finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.c
     tl.debug_barrier()  # every thread's stores before the ticket's release
     ticket = tl.atomic_add(sync_ptr + _TICKET, 1, sem="acq_rel", scope="sys")
     if ticket == tl.num_programs(0) - 1:
-        # The next launch (stream-ordered after this one) counts afresh. Every program took its
-        # arrival ticket before its finish ticket, so no arrival is still to come.
-        tl.store(sync_ptr + _TICKET, 0)
-        tl.store(sync_ptr + _ARRIVAL, 0)
+        tl.store(sync_ptr + _TICKET, 0)  # the next launch (stream-ordered after this one) counts afresh
         tl.store(sync_ptr + _EPOCH, epoch)
         peers = tl.arange(0, WORLD_BLOCK)
         is_peer = peers < world_size
