@@ -12,6 +12,7 @@ import torch
 
 from tests.conftest import get_pool
 from trident import ops
+from trident.kernels.prepared import PlanCache
 from trident.ops.call_cache import RESOURCE_KEY
 
 
@@ -27,10 +28,10 @@ def _repeat(ctx):
         expect = torch.cat([torch.full((32, 8), 16.0 * (step + 1) * (p + 1), dtype=dtype) for p in range(w)], dim=1)
         if not torch.equal(C.cpu(), expect):
             wrong.append(f"step {step}")
-    entries = len(ctx.resource(RESOURCE_KEY, dict))
+    entries = len(ctx.resource(RESOURCE_KEY, PlanCache))
     A2 = torch.ones(32, 16, device=ctx.device)
     ops.gemm_all_scatter(ctx, A2, B_local, C, pattern="fused_sequential")   # other memory: a second entry
-    entries2 = len(ctx.resource(RESOURCE_KEY, dict))
+    entries2 = len(ctx.resource(RESOURCE_KEY, PlanCache))
     try:
         ops.gemm_all_scatter(ctx, A, B_local, C, pattern="no_such_pattern")
         raised = ""
@@ -54,7 +55,7 @@ def _debug(ctx):
     A, B_local, C = torch.ones(16, 16, device=ctx.device), torch.ones(16, 8, device=ctx.device), ctx.zeros(16, 16)
     for _ in range(2):
         ops.gemm_all_scatter(ctx, A, B_local, C, pattern="fused_sequential")
-    return len(ctx.resource(RESOURCE_KEY, dict)), C.cpu().clone()  # a copy: the heap stays in the rank
+    return len(ctx.resource(RESOURCE_KEY, PlanCache)), C.cpu().clone()  # a copy: the heap stays in the rank
 
 
 def test_the_debug_mode_keeps_no_decision():

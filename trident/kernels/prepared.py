@@ -56,8 +56,9 @@ class Plan:
 
 
 class PlanCache:
-    """Plans by key, at most :data:`MAX_PLANS` (the oldest dropped first); :meth:`clear` forgets all
-    (call it when memory a plan points at may have moved, e.g. when a workspace buffer grew)."""
+    """Plans (or any per-call record) by key, at most :data:`MAX_PLANS`, the oldest dropped first;
+    :meth:`clear` forgets all (call it when memory a plan points at may have moved, e.g. when a
+    workspace buffer grew)."""
 
     def __init__(self, max_plans: int = MAX_PLANS):
         self.max_plans = max_plans

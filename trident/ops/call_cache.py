@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..kernels.prepared import plan_key
+from ..kernels.prepared import PlanCache, plan_key
 from .fused_call import FusedCall
 
-#: The key of the cache among the context's resources.
+#: The key of the cache (a bounded :class:`~trident.kernels.prepared.PlanCache`) among the context's resources.
 RESOURCE_KEY = "ops.calls"
-#: Calls remembered per context; past this many the oldest is forgotten.
-MAX_CALLS = 256
 
 
 def call_key(ctx, spec, A, B, C, pattern, config, comm_programs, trace):
@@ -45,7 +43,7 @@ def recall(ctx, key, A, B, C) -> FusedCall | None:
     """The call remembered for ``key``, bound to this call's ``A``, ``B`` and ``C``; None if none."""
     if key is None:
         return None
-    template = ctx.resource(RESOURCE_KEY, dict).get(key)
+    template = ctx.resource(RESOURCE_KEY, PlanCache).get(key)
     return None if template is None else dataclasses.replace(template, A=A, B=B, C=C)
 
 
@@ -53,7 +51,4 @@ def remember(ctx, key, call: FusedCall) -> None:
     """Keep ``call``'s decisions for ``key`` (its tensors are not kept)."""
     if key is None:
         return
-    calls = ctx.resource(RESOURCE_KEY, dict)
-    if len(calls) >= MAX_CALLS:
-        del calls[next(iter(calls))]
-    calls[key] = dataclasses.replace(call, A=None, B=None, C=None)
+    ctx.resource(RESOURCE_KEY, PlanCache).put(key, dataclasses.replace(call, A=None, B=None, C=None))

@@ -70,11 +70,6 @@ def resolve(group_name: str):
     return ctx, (obj if isinstance(obj, Group) else None)
 
 
-def context_for_group(group_name: str):
-    """The context of the group or world named ``group_name`` (see :func:`resolve`)."""
-    return resolve(group_name)[0]
-
-
 class Group:
     """Some of the world's ranks (made by :func:`new_group`); quacks like a context for the collectives.
 
