@@ -15,6 +15,7 @@ import types
 import pytest
 import torch
 
+from tests.conftest import script_env
 from trident.bench import harness, summary
 from trident.platform import PROCESS_BACKEND, SIMULATOR
 
@@ -215,7 +216,7 @@ def test_cli_bench_p2p_end_to_end(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "trident", "bench", "p2p", "-n", "2", "--ops", "load", "atomic_cas",
                            "--bytes", "4K", "--atomic-elems", "256", "--out", str(out)],
                           capture_output=True, text=True, timeout=240, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT, "TRIDENT_BACKEND": "sim"})
+                          env=script_env(TRIDENT_BACKEND="sim"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "correctness and harness run" in proc.stdout
     record = harness.validate(json.loads((out / "p2p.json").read_text()))
@@ -231,7 +232,7 @@ def test_cli_bench_gemm_checks_and_plots(tmp_path):
     out = tmp_path / "gemm"
     proc = subprocess.run([sys.executable, "-m", "trident", "bench", "gemm", "--out", str(out)],
                           capture_output=True, text=True, timeout=240, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT, "TRIDENT_BACKEND": "sim"})
+                          env=script_env(TRIDENT_BACKEND="sim"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = harness.validate(json.loads((out / "gemm.json").read_text()))
     assert record["meta"]["world_size"] == 1 and record["meta"]["command"].startswith("trident bench gemm -n 1")

@@ -7,12 +7,13 @@ imported: these tests read their source and run them.
 """
 
 import ast
-import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
+
+from tests.conftest import script_env
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("[!_]*.py"))  # _name.py: helpers, not examples
@@ -28,7 +29,7 @@ def _source(name: str) -> ast.Module:
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_runs_on_two_ranks(name):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's trident, whatever is installed
+    env = script_env()  # this checkout's trident, whatever is installed
     proc = subprocess.run([sys.executable, "-m", "trident", "run", "-n", "2", f"examples/{name}"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import trident
+from tests.conftest import script_env
 from trident import config, layout
 from trident.runtime.rendezvous import free_port
 
@@ -333,10 +334,8 @@ _RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_AD
 
 
 def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS and not k.startswith("TORCHELASTIC")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env.update(extra)
-    return env
+    env = {k: v for k, v in script_env().items() if k not in _RANK_VARS and not k.startswith("TORCHELASTIC")}
+    return {**env, **extra}
 
 
 def _run(args, timeout=180, **env):

@@ -18,6 +18,7 @@ import time
 import pytest
 
 import trident
+from tests.conftest import script_env
 from trident import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,7 +62,7 @@ def _kill_leftovers(tmp_path):
 
 def _launcher(args, tmp_path, **popen):
     """``python -m trident ARGS`` in its own session (as a shell job is), stderr to ``tmp_path/err``."""
-    env = {**os.environ, "PYTHONPATH": REPO}
+    env = script_env()
     err = open(tmp_path / "err", "wb")
     return subprocess.Popen([sys.executable, "-m", "trident", *args], cwd=REPO, env=env, stderr=err,
                             start_new_session=True, **popen)
