@@ -65,8 +65,8 @@ def all_gather(t: torch.Tensor, group: str) -> torch.Tensor:
     """Every rank's ``t`` stacked along dim 0, in rank order."""
     from . import ccl
 
-    out = t.new_empty((_world(group) * t.shape[0], *t.shape[1:]))
     ctx, g = resolve(group)
+    out = t.new_empty(((g or ctx).world_size * t.shape[0], *t.shape[1:]))
     return ccl.all_gather(ctx, out, t.contiguous(), group=g)
 
 
@@ -80,8 +80,8 @@ def reduce_scatter(t: torch.Tensor, op: str, group: str) -> torch.Tensor:
     """Chunk ``rank`` (dim 0) of ``t`` reduced over the ranks with ``op``."""
     from . import ccl
 
-    out = t.new_empty((t.shape[0] // _world(group), *t.shape[1:]))
     ctx, g = resolve(group)
+    out = t.new_empty((t.shape[0] // (g or ctx).world_size, *t.shape[1:]))
     return ccl.reduce_scatter(ctx, out, t.contiguous(), op=op, group=g)
 
 
@@ -141,8 +141,8 @@ def gemm_reduce_scatter(A: torch.Tensor, B: torch.Tensor, group: str) -> torch.T
     """Rows ``rank * M/W ...`` of the sum over ranks of ``A_r @ B_r``."""
     from . import ops
 
-    C = A.new_empty((A.shape[0] // _world(group), B.shape[1]))
     ctx, g = resolve(group)
+    C = A.new_empty((A.shape[0] // (g or ctx).world_size, B.shape[1]))
     return ops.gemm_reduce_scatter(ctx, A.contiguous(), B.contiguous(), C, group=g)
 
 
