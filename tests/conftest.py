@@ -7,6 +7,11 @@ GPUs round-robin (``LOCAL_RANK % device_count``), so several ranks may share one
 With pytest-xdist (``-n W --dist loadfile``) each worker runs whole modules with pools of its
 own; with ``--mps`` one daemon serves every worker and each rank gets ``100 / (MOST_RANKS * W)``
 percent of the SMs, so that every worker's ranks together never ask for more than the GPU has.
+
+Tests marked ``kills_ranks`` kill or crash rank processes mid-job. Under MPS a fatal GPU error in
+one client (a survivor touching a dead rank's freed heap, say) reaches every client of the daemon,
+so with ``--mps`` and several xdist workers they are skipped, and run in a phase of their own
+(``pytest --backend cuda --mps -m kills_ranks``; ``trident bench suite gpu-tests`` runs both).
 """
 
 import os
@@ -48,6 +53,19 @@ def pytest_configure(config):
         daemon = MpsDaemon(ranks_per_gpu=MOST_RANKS * _xdist_workers(config))
         os.environ.update(daemon.start())  # before any process of the session starts CUDA
         _MPS.append(daemon)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--mps"):
+        return
+    workers = config.workerinput["workercount"] if hasattr(config, "workerinput") else _xdist_workers(config)
+    if workers <= 1:
+        return
+    skip = pytest.mark.skip(reason="kills ranks: under MPS a fatal GPU error reaches every client of the daemon, so "
+                                   "it runs in a phase of its own (-m kills_ranks, without xdist)")
+    for item in items:
+        if "kills_ranks" in item.keywords:
+            item.add_marker(skip)
 
 
 def pytest_unconfigure(config):

@@ -61,6 +61,7 @@ def _shm_files_of(pids):
     return [n for n in os.listdir("/dev/shm") if n.startswith("trident-") and any(f"-p{p}-" in n for p in pids)]
 
 
+@pytest.mark.kills_ranks  # a rank dies while its peers wait in kernels: see the marker in pyproject.toml
 @pytest.mark.parametrize("how", ["exit", "raise", "kill", "term"])
 def test_a_lost_rank_ends_every_wait_fast_and_leaves_nothing(tmp_path, how):
     script = tmp_path / "victim.py"

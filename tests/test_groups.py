@@ -178,7 +178,9 @@ def _custom_ops_in_a_group(ctx):
     x = torch.full((8,), float(ctx.rank), device=ctx.device)
     summed = torch.ops.trident.all_reduce(x, "sum", g.group_name)
     gathered = torch.ops.trident.all_gather(x, g.group_name)
-    fused = torch.ops.trident.gemm_all_reduce(torch.full((2, 4), float(ctx.rank)), torch.ones(4, 3), g.group_name)
+    dev = ctx.device
+    fused = torch.ops.trident.gemm_all_reduce(torch.full((2, 4), float(ctx.rank), device=dev),
+                                              torch.ones(4, 3, device=dev), g.group_name)
     return float(summed[0]), gathered[::8].tolist(), float(fused[0, 0])
 
 
@@ -192,6 +194,11 @@ def test_custom_ops_take_a_groups_name(pool4):
 
 def _mat(seed, *shape):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _relative(got, want) -> float:
+    """Largest error relative to the largest reference element (fp32 GEMMs run as TF32 on GPUs)."""
+    return float((got.cpu() - want).abs().max() / want.abs().max())
 
 
 def _fused_ops_in_groups(ctx):
@@ -208,26 +215,26 @@ def _fused_ops_in_groups(ctx):
     for pattern in ("bulk_synchronous", "fused_sequential", "workgroup_specialized"):
         C = torch.empty(8, 6, device=dev)
         ops.gemm_all_reduce(ctx, A[gr].to(dev), B[gr].to(dev), C, pattern=pattern, group=g)
-        errors[f"gemm_all_reduce {pattern}"] = float((C.cpu() - total).abs().max())
+        errors[f"gemm_all_reduce {pattern}"] = _relative(C, total)
         C = torch.empty(8 // w, 6, device=dev)
         ops.gemm_reduce_scatter(ctx, A[gr].to(dev), B[gr].to(dev), C, pattern=pattern, group=g)
-        errors[f"gemm_reduce_scatter {pattern}"] = float((C.cpu() - total[gr * 4:(gr + 1) * 4]).abs().max())
+        errors[f"gemm_reduce_scatter {pattern}"] = _relative(C, total[gr * 4:(gr + 1) * 4])
         C = torch.empty(w * 8, 6, device=dev)
         ops.all_gather_gemm(ctx, A[gr].to(dev), B[0].to(dev), C, pattern=pattern, group=g)
-        errors[f"all_gather_gemm {pattern}"] = float((C.cpu() - torch.cat(A) @ B[0]).abs().max())
+        errors[f"all_gather_gemm {pattern}"] = _relative(C, torch.cat(A) @ B[0])
         C = g.empty(8 * 6 * w, dtype=torch.float32).view(8, 6 * w)  # symmetric within the group
         ops.gemm_all_scatter(ctx, A[0].to(dev), B[gr].to(dev), C, pattern=pattern, group=g)
-        errors[f"gemm_all_scatter {pattern}"] = float((C.cpu() - A[0] @ torch.cat(B, dim=1)).abs().max())
+        errors[f"gemm_all_scatter {pattern}"] = _relative(C, A[0] @ torch.cat(B, dim=1))
         g.free(C)
     x = [_mat(30 + p, 5, 16) for p in range(w)]
     out, h = ops.all_reduce_rmsnorm(ctx, x[gr].to(dev), torch.ones(16, device=dev), group=g)
     want = sum(x)
-    errors["all_reduce_rmsnorm"] = float((h.cpu() - want).abs().max())
+    errors["all_reduce_rmsnorm"] = _relative(h, want)
     ctx.barrier()
     return errors
 
 
 def test_every_fused_op_runs_in_groups_side_by_side(pool4):
     for errors in pool4.run(_fused_ops_in_groups):
-        bad = {name: err for name, err in errors.items() if not err < 1e-3}
+        bad = {name: err for name, err in errors.items() if not err < 5e-3}  # TF32 on GPUs: ~1e-3
         assert not bad, bad

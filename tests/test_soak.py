@@ -17,6 +17,8 @@ import pytest
 
 from tests.conftest import script_env
 
+pytestmark = pytest.mark.kills_ranks  # ranks die mid-job: see the marker in pyproject.toml
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 WORKLOAD = r'''
@@ -56,8 +58,13 @@ try:
             time.sleep(0.05)
 except trident.TridentError as exc:
     status = f"{type(exc).__name__}"
+except Exception as exc:  # anything else is a finding: say what it was
+    status = f"{type(exc).__name__}: {str(exc)[:300]}"
 finally:
-    intact = bool(torch.all(y == 7.0))
+    try:
+        intact = bool(torch.all(y == 7.0))
+    except Exception as exc:  # e.g. the CUDA context is gone
+        intact = f"unknown ({type(exc).__name__})"
     with open(os.path.join(out, f"rank{ctx.rank}.status"), "w") as f:
         f.write(f"{status} y_intact={intact}")
 if status == "done":
@@ -122,7 +129,8 @@ def test_faults_mixed_into_a_running_job(tmp_path, mode):
         assert status.endswith("y_intact=True"), (mode, rank, status)
     if mode == "kill":
         assert code == 128 + signal.SIGKILL, code  # the first failure: rank 2, killed
-        assert sorted(statuses) == [0, 1] and all(s.startswith("RankTimeoutError") for s in statuses.values())
+        survivors_timed_out = all(s.startswith("RankTimeoutError") for s in statuses.values())
+        assert sorted(statuses) == [0, 1] and survivors_timed_out, (statuses, said)
     elif mode == "exhaust":
         assert code == 0 and all(s.startswith("done") for s in statuses.values()), (code, statuses)
     elif mode == "pipe":

@@ -11,6 +11,8 @@ import torch
 import trident.torch_ops  # noqa: F401  (registers torch.ops.trident.*)
 
 TOL = 1e-4
+#: The GEMMs' fp32 runs as TF32 on GPUs: their error relative to the largest reference element.
+GEMM_TOL = 5e-3
 
 
 def _data(rank, *shape, salt=0):
@@ -26,8 +28,9 @@ def _every_op(ctx):
     before = mine.clone()
     errors = {}
 
-    def check(name, got, want):
-        errors[name] = float((got.cpu().float() - want.float()).abs().max())
+    def check(name, got, want, relative=False):  # relative: to the largest reference element, for GEMMs
+        error = float((got.cpu().float() - want.float()).abs().max())
+        errors[name] = (error / float(want.abs().max()), GEMM_TOL) if relative else (error, TOL)
 
     check("all_reduce", ops.all_reduce(mine, "sum", g), sum(every))
     check("all_reduce max", ops.all_reduce(mine, "max", g), torch.stack(every).amax(0))
@@ -39,24 +42,26 @@ def _every_op(ctx):
     A = [_data(p, 8, 16, salt=2) for p in range(w)]
     B = [_data(p, 16, 12, salt=3) for p in range(w)]
     full = sum(a @ b for a, b in zip(A, B, strict=True))
-    check("gemm_all_reduce", ops.gemm_all_reduce(A[r].to(dev), B[r].to(dev), g), full)
+    check("gemm_all_reduce", ops.gemm_all_reduce(A[r].to(dev), B[r].to(dev), g), full, relative=True)
     check("gemm_reduce_scatter", ops.gemm_reduce_scatter(A[r].to(dev), B[r].to(dev), g),
-          full[r * 8 // w:(r + 1) * 8 // w])
-    check("all_gather_gemm", ops.all_gather_gemm(A[r].to(dev), B[0].to(dev), g), torch.cat(A) @ B[0])
-    check("gemm_all_scatter", ops.gemm_all_scatter(A[0].to(dev), B[r].to(dev), g), A[0] @ torch.cat(B, dim=1))
+          full[r * 8 // w:(r + 1) * 8 // w], relative=True)
+    check("all_gather_gemm", ops.all_gather_gemm(A[r].to(dev), B[0].to(dev), g), torch.cat(A) @ B[0],
+          relative=True)
+    check("gemm_all_scatter", ops.gemm_all_scatter(A[0].to(dev), B[r].to(dev), g), A[0] @ torch.cat(B, dim=1),
+          relative=True)
     weight = _data(0, 8, salt=4)
     residual = _data(r, 6, 8, salt=5)
     out, h = ops.all_reduce_rmsnorm(mine, weight.to(dev), 1e-6, residual.to(dev), g)
     want_h = sum(every) + residual
     check("all_reduce_rmsnorm h", h, want_h)
     check("all_reduce_rmsnorm out", out, want_h * torch.rsqrt(want_h.pow(2).mean(-1, keepdim=True) + 1e-6) * weight)
-    errors["input unchanged"] = float((mine - before).abs().max())
+    errors["input unchanged"] = (float((mine - before).abs().max()), TOL)
     return errors
 
 
 def test_every_op_matches_torch_and_changes_no_input(pool2):
     for errors in pool2.run(_every_op):
-        bad = {name: err for name, err in errors.items() if not err < TOL}
+        bad = {name: (err, tol) for name, (err, tol) in errors.items() if not err < tol}
         assert not bad, bad
 
 
