@@ -328,3 +328,17 @@ def test_tp_layer_times_the_decoder_layer(pool2, tmp_path):
     impls = {r["impl"] for r in rec["rows"]}
     assert impls == ({"trident", "torch"} if rec["performance_figure"] else {"trident"})
     assert {r["tokens"] for r in rec["rows"]} == {1, 8} and all(r["time_us"] > 0 for r in rec["rows"])
+
+
+def test_moe_times_dispatch_and_combine(pool2, tmp_path):
+    rec, files = pool2.run(_bench, "moe", ["--tokens", "4", "8", "--no-progress"], str(tmp_path / "moe"))[0]
+    _check_common(rec, files, 2)
+    assert rec["all_correct"] is True
+    impls = {r["impl"] for r in rec["rows"]}
+    assert impls == ({"trident", "torch"} if rec["performance_figure"] else {"trident"})
+    cases = {(r["op"], r["dtype"], r["tokens"]) for r in rec["rows"]}
+    assert cases == {(op, dtype, t) for op, dtype in (("dispatch", "fp8"), ("dispatch", "bf16"), ("combine", "bf16"))
+                     for t in (4, 8)}
+    assert {r["mode"] for r in rec["rows"]} == ({"eager"} if SIMULATOR else {"eager", "cuda graph"})
+    assert all(r["time_us"] > 0 and r["gbps"] is not None for r in rec["rows"])
+    assert {os.path.basename(f) for f in files if f.endswith(".png")} == {"moe_4.png", "moe_8.png"}

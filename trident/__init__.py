@@ -42,6 +42,7 @@ from .device import (
 )
 from .errors import (
     BackendUnavailableError,
+    CapacityError,
     ContextClosedError,
     DeviceError,
     DivergenceError,
@@ -60,7 +61,7 @@ __all__ = [
     "translate", "load", "store", "get", "put", "copy",
     "atomic_add", "atomic_sub", "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor",
     "atomic_min", "atomic_max", "atomic_cas", "signal", "wait", "sync_ranks", "arrival_ticket", "control_block",
-    "TridentError", "BackendUnavailableError", "ContextClosedError", "DeviceError", "DivergenceError",
+    "TridentError", "BackendUnavailableError", "CapacityError", "ContextClosedError", "DeviceError", "DivergenceError",
     "HeapExhaustedError", "NotSymmetricError", "RankTimeoutError", "SpawnError",
 ]
 

@@ -82,6 +82,8 @@ BENCHMARKS = {
     "gemm": Bench("trident.bench.gemm", (), "trident's persistent matmul vs torch.matmul (cuBLAS), one GPU", 1),
     "tp-layer": Bench("trident.bench.tp_layer", (), "a tensor-parallel Llama decoder layer (trident's inference ops) "
                                                     "vs torch + NCCL, decode to prefill, eager and in a CUDA graph"),
+    "moe": Bench("trident.bench.moe", (), "expert-parallel MoE dispatch and combine (DeepSeek-V3 shapes) vs the "
+                                          "torch path (all_to_all_single over NCCL), eager and in a CUDA graph"),
     "latency": Bench("trident.bench.latency", (), "host time per call, flag round trips, small collectives (eager, "
                                                   "CUDA graph) against empty launches, torch and NCCL"),
     "gemm-all-scatter": Bench("trident.bench.gemm_all_scatter", (), "GEMM + all-scatter patterns vs torch + NCCL"),

@@ -24,12 +24,21 @@ class DivergenceError(TridentError):
 
 
 class RankTimeoutError(TridentError, TimeoutError):
-    """A wait across ranks ran out of time; the message names the ranks that never arrived."""
+    """A wait across ranks gave up: it ran out of time, or a rank it waited for is gone (host or
+    device wait alike); the message names the ranks that never arrived and why."""
 
 
 class DeviceError(TridentError):
-    """A kernel reported a fault through the heap's control block (a timed-out wait, an out-of-heap access)."""
+    """A kernel reported a fault through the heap's control block (an out-of-heap access, a bad peer)."""
 
 
 class ContextClosedError(TridentError):
     """A context was used after :meth:`trident.Context.close`."""
+
+
+class CapacityError(DeviceError):
+    """A call's receive buffer is too small for what the ranks sent (an MoE dispatch's ``capacity``).
+
+    Nothing is dropped silently: the call reports how many rows were needed. Raised by the call itself
+    where it may synchronise with the host, else recorded by the kernel and raised by ``ctx.check()``,
+    ``ctx.barrier()`` or the result's ``check()``."""

@@ -11,6 +11,9 @@ word's address, so two contexts in one process never report each other's reasons
 
 from __future__ import annotations
 
+from . import layout
+from .errors import CapacityError, DeviceError, RankTimeoutError
+
 _abort_reasons: dict[int, str] = {}
 
 
@@ -25,6 +28,16 @@ def set_abort_reason(abort_addr: int, reason: str) -> None:
 def abort_reason(abort_addr: int) -> str:
     """Why the abort word at ``abort_addr`` was raised ("" when unknown or lowered)."""
     return _abort_reasons.get(abort_addr, "")
+
+
+def fault_error(kind: int) -> type[DeviceError] | type[RankTimeoutError]:
+    """The exception a fault recorded in the control block with ``kind`` is raised as.
+
+    A device wait that gave up, by its own timeout or aborted by the host because a rank is gone,
+    is a :class:`RankTimeoutError`, as the host's waits are; which of the two it was is in the message.
+    """
+    waits = {layout.ERR_WAIT_TIMEOUT: RankTimeoutError, layout.ERR_ABORTED: RankTimeoutError}
+    return {**waits, layout.ERR_CAPACITY: CapacityError}.get(kind, DeviceError)
 
 
 def describe_wait_fault(rank, peer, offset, expected, observed, timeout_ns, aborted, reason="") -> str:
@@ -52,4 +65,14 @@ def describe_peer_fault(rank, peer, world_size) -> str:
     return (
         f"rank {rank}: access to peer {peer}, which is not a rank of this job (world size {world_size}, "
         f"ranks 0..{world_size - 1}). A peer computed as `rank + 1` needs `% world_size`."
+    )
+
+
+def describe_capacity_fault(rank, worst_rank, capacity, needed) -> str:
+    """The message of an MoE dispatch whose receive buffer was too small (rows past it were not delivered)."""
+    return (
+        f"rank {rank}: moe_dispatch: capacity={capacity} rows is too small: rank {worst_rank} had to receive "
+        f"{needed} rows. The rows past the capacity were not delivered, so this call's results (and a "
+        f"moe_combine on them) are incomplete. Pass capacity >= {needed}, or capacity=None (the exact worst "
+        f"case, world_size * max_tokens_per_rank * min(k, experts per rank))."
     )

@@ -42,5 +42,6 @@ ERR_WAIT_TIMEOUT = 1
 ERR_OUT_OF_HEAP = 2
 ERR_ABORTED = 3
 ERR_BAD_PEER = 4
+ERR_CAPACITY = 5  # a receive buffer (an MoE dispatch's capacity) too small: EXPECTED rows held, OBSERVED needed
 
 assert (BARRIER_SLOTS + MAX_WORLD) * 8 <= CONTROL_BYTES

@@ -87,9 +87,9 @@ def script(name: str, path: str, ranks: int, *args: str, limit: int) -> Step:
     return Step(name, ("{py}", "-m", "trident", "run", "-n", str(ranks), path, *args), limit)
 
 
-#: pytest-xdist's arguments for the GPU test run: three workers, each running whole modules (its own
+#: pytest-xdist's arguments for the GPU test run: four workers, each running whole modules (its own
 #: rank pools), and nothing where pytest-xdist is missing.
-XDIST = ("-n", "3", "--dist", "loadfile") if importlib.util.find_spec("xdist") else ()
+XDIST = ("-n", "4", "--dist", "loadfile") if importlib.util.find_spec("xdist") else ()
 #: The machine, driver and versions the results came from (``trident info``), first in every GPU suite.
 INFO = Step("info", ("{py}", "-m", "trident", "info"), 60)
 #: Markdown tables of every results record the suite wrote (for docs/figures.md).
@@ -117,7 +117,9 @@ def _p2p() -> list[Step]:
 SUITES: dict[str, list[Step]] = {
     # The whole test suite on the GPU.
     # Ranks concurrent under MPS, each its share of the SMs; three pytest-xdist workers (whole modules each).
-    "gpu-tests": [INFO, pytest("pytest_cuda", "--mps", *XDIST, limit=540)],
+    # Tests that kill ranks run last, alone (a fatal GPU error under MPS reaches every client of the daemon).
+    "gpu-tests": [INFO, pytest("pytest_cuda", "--mps", *XDIST, "-m", "not kills_ranks", limit=420),
+                  pytest("pytest_cuda_kills_ranks", "--mps", "-m", "kills_ranks", limit=180)],
     # trident.ops.matmul against torch.matmul (cuBLAS): bf16 with the sweep of candidate configs, fp16 the table's.
     "gpu-gemm": [INFO, bench("gemm_bf16", "gemm", 1, "--sweep", "--dtype", "bfloat16", limit=420),
                  bench("gemm_fp16", "gemm", 1, "--dtype", "float16", limit=120)],
@@ -141,6 +143,10 @@ SUITES: dict[str, list[Step]] = {
     "inference": [INFO, bench("tp_layer_1", "tp-layer", 1, limit=300)]
                  + [bench(f"tp_layer_{n}", "tp-layer", n, "--mps", "--models", "8b", "--tokens", "1", "8", "32", "128",
                           limit=150) for n in (2, 4, 8)],
+    # Expert parallelism: MoE dispatch and combine (DeepSeek-V3 shapes) against the torch path, one rank alone,
+    # then ranks sharing the GPU under MPS at decode size (latency, never bandwidth).
+    "moe": [INFO, bench("moe_1", "moe", 1, limit=240)]
+           + [bench(f"moe_{n}", "moe", n, "--mps", "--tokens", "128", limit=120) for n in (2, 4, 8)],
     # One quick step in the CPU simulator: the suite machinery, anywhere (tests/test_bench.py runs it).
     "sim-smoke": [bench("p2p_sim", "p2p", 1, "--ops", "load", "--bytes", "4K", limit=90,
                         env={"TRIDENT_BACKEND": "sim"})],

@@ -11,6 +11,10 @@ patterns chosen by name (docs/gemm-all-scatter.md, docs/tensor-parallel-ops.md):
 * ``all_reduce_rmsnorm(ctx, x, weight, residual=...)``: ``h = all_reduce(x) + residual`` and its
   RMSNorm, in one kernel (what follows a row-parallel layer in a decoder).
 
+Expert parallelism (docs/moe.md): ``moe_dispatch(ctx, x, topk_idx, num_experts)`` sends tokens to the
+ranks of their experts and ``moe_combine(ctx, expert_out, topk_weights, d)`` brings the weighted
+sum back, each one kernel with no host synchronisation.
+
 Each op is described by one :class:`~trident.ops.fused_call.OpSpec` in :data:`OPS` (its
 patterns, its measured ``auto`` table, its default communication programs), and
 :func:`choose_pattern` says what ``pattern="auto"`` runs for any of them.
@@ -28,6 +32,7 @@ from .gemm_all_reduce import GEMM_ALL_REDUCE, gemm_all_reduce
 from .gemm_all_scatter import AUTO_TABLE, GEMM_ALL_SCATTER, PATTERNS, gemm_all_scatter
 from .gemm_reduce_scatter import GEMM_REDUCE_SCATTER, gemm_reduce_scatter
 from .matmul import SIM_CONFIG, MatmulConfig, matmul, pick_config
+from .moe import MoEDispatch, moe_combine, moe_dispatch
 
 #: The fused ops by name.
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (GEMM_ALL_SCATTER, ALL_GATHER_GEMM, GEMM_REDUCE_SCATTER,
@@ -57,4 +62,4 @@ def choose_pattern(ctx, op: str, M: int, N: int, K: int) -> str:
 
 __all__ = ["matmul", "MatmulConfig", "SIM_CONFIG", "pick_config", "gemm_all_scatter", "all_gather_gemm",
            "gemm_reduce_scatter", "gemm_all_reduce", "all_reduce_rmsnorm", "OPS", "OpSpec", "OP_PATTERNS",
-           "choose_pattern", "PATTERNS", "AUTO_TABLE"]
+           "choose_pattern", "PATTERNS", "AUTO_TABLE", "moe_dispatch", "moe_combine", "MoEDispatch"]

@@ -19,6 +19,7 @@ from ..errors import (
     DivergenceError,
     RankTimeoutError,
 )
+from ..faults import fault_error
 from . import groups
 from .allocator import SymmetricAllocator
 from .control import ControlBlock
@@ -291,7 +292,7 @@ class Context(SymmetricHeapMixin):
     # -- synchronization ----------------------------------------------------------------------
     def check(self) -> None:
         """Raise the first fault a kernel of this rank recorded (a timed-out wait, an out-of-heap
-        access in debug mode), then clear it. Waits for this rank's device work first.
+        access in debug mode, an MoE dispatch past its capacity), then clear it. Waits for the device first.
 
         Example::
 
@@ -303,7 +304,7 @@ class Context(SymmetricHeapMixin):
         fault = self._control.take_fault()
         if fault is not None:
             kind, message = fault
-            raise (RankTimeoutError if kind == layout.ERR_WAIT_TIMEOUT else DeviceError)(message)
+            raise fault_error(kind)(message)
 
     def barrier(self) -> None:
         """Wait for this rank's device work, then for every rank (collective).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import faults, layout
-from ..faults import describe_heap_fault, describe_peer_fault, describe_wait_fault
+from ..faults import describe_capacity_fault, describe_heap_fault, describe_peer_fault, describe_wait_fault
 
 
 class ControlBlock:
@@ -66,6 +66,8 @@ class ControlBlock:
             message = describe_heap_fault(rank, peer, offset, expected)
         elif kind == layout.ERR_BAD_PEER:
             message = describe_peer_fault(rank, peer, expected)
+        elif kind == layout.ERR_CAPACITY:
+            message = describe_capacity_fault(rank, peer, expected, observed)
         else:
             timeout_ns = int(self.words[layout.WAIT_TIMEOUT_NS].item())
             message = describe_wait_fault(rank, peer, offset, expected, observed, timeout_ns,

@@ -1,0 +1,349 @@
+"""trident.ops.moe_dispatch and moe_combine against a reference built from every rank's inputs.
+
+Every rank makes every rank's tokens and routing from the same seeds, so each can say what it
+must receive. Dispatch is checked expert by expert as a multiset (the order inside an expert is
+free) through ``recv_src``, and row by row bitwise against the sender's token (and its fp8
+scales). Combine is checked against ``sum_j w[t, j] * expert_j(x[t])`` in fp32, with every unused
+row of the expert output set to NaN (it must be ignored). Tasks run inside the ranks and return a
+list of problems (empty when all is well).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+
+from tests.conftest import get_pool
+from trident import ccl
+from trident.errors import CapacityError
+from trident.ops.moe import moe_combine, moe_dispatch
+from trident.platform import SIMULATOR
+from trident.testing import refusals
+
+FP8 = torch.float8_e4m3fn
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One call: tokens per rank (``tokens[r % len(tokens)]``), k, experts per rank, H, dtype, routing."""
+
+    tokens: tuple
+    k: int
+    per_rank: int
+    hidden: int
+    dtype: torch.dtype
+    routing: str  # "random" (with -1 entries), "one" (every token to the last expert), "same_rank"
+    given: bool   # pass max_tokens_per_rank (the no-host-sync path) or let the ranks agree
+    salt: int = 0
+
+    def t(self, rank: int) -> int:
+        return self.tokens[rank % len(self.tokens)]
+
+
+def _inputs(case: Case, rank: int, world: int):
+    """Rank ``rank``'s (x, topk_idx, x_scales or None, topk_weights), on the CPU; the same on every rank."""
+    g = torch.Generator().manual_seed(1000 * case.salt + 17 * rank + 3)
+    T, k, E, E_l = case.t(rank), case.k, case.per_rank * world, case.per_rank
+    x = torch.randn(T, case.hidden, generator=g) * 2
+    if case.routing == "random":
+        idx = torch.rand(T, E, generator=g).topk(k, dim=1).indices
+        idx[torch.rand(T, k, generator=g) < 0.25] = -1
+    elif case.routing == "one":
+        idx = torch.full((T, k), -1, dtype=torch.int64)
+        idx[:, 0] = E - 1
+    else:  # all k experts of a token on one rank
+        owners = (torch.arange(T) + rank) % world
+        picks = [torch.randperm(E_l, generator=g)[:k] for _ in range(T)]
+        idx = (torch.stack(picks) if picks else torch.zeros(0, k, dtype=torch.int64)) + owners[:, None] * E_l
+    scales = (torch.rand(T, case.hidden // 128, generator=g) + 0.5) if case.dtype == FP8 else None
+    weights = torch.rand(T, k, generator=g)
+    return x.to(case.dtype), idx.to(torch.int64), scales, weights
+
+
+def _dequant(x, scales):
+    return x.float() if scales is None else x.float() * scales.repeat_interleave(128, dim=1)
+
+
+def _call(ctx, case: Case, capacity=None):
+    x, idx, scales, weights = _inputs(case, ctx.rank, ctx.world_size)
+    dev = ctx.device
+    M = max(case.t(r) for r in range(ctx.world_size)) if case.given else None
+    d = moe_dispatch(ctx, x.to(dev), idx.to(dev), case.per_rank * ctx.world_size, max_tokens_per_rank=M,
+                     capacity=capacity, x_scales=None if scales is None else scales.to(dev))
+    return d, weights
+
+
+def _check_dispatch(ctx, case: Case, d, what: str) -> list[str]:
+    W, r, E_l = ctx.world_size, ctx.rank, case.per_rank
+    everyone = [_inputs(case, s, W) for s in range(W)]
+    M = max(case.t(s) for s in range(W))
+    problems = []
+    if d.max_tokens_per_rank != M or d.recv_x.dtype != case.dtype or d.recv_x.shape != (d.capacity, case.hidden):
+        problems.append(f"{what}: {d!r}, expected max_tokens_per_rank {M}")
+    offsets, counts = d.recv_offsets.cpu().tolist(), d.recv_counts.cpu().tolist()
+    src, rx = d.recv_src.cpu(), d.recv_x.cpu()
+    scales = None if d.recv_scales is None else d.recv_scales.cpu()
+    used = torch.zeros(d.capacity, dtype=torch.bool)
+    for e in range(E_l):
+        expert = r * E_l + e
+        want = sorted(s * M + t for s, (_, idx, _, _) in enumerate(everyone)
+                      for t, _ in (idx == expert).nonzero().tolist())
+        rows = range(offsets[e], offsets[e] + counts[e])
+        if rows.start < 0 or rows.stop > d.capacity or used[rows.start:rows.stop].any():
+            problems.append(f"{what}: expert {expert}: rows {rows} overlap or leave the capacity {d.capacity}")
+            continue
+        used[rows.start:rows.stop] = True
+        got = sorted(src[rows.start:rows.stop].tolist())
+        if got != want:
+            problems.append(f"{what}: expert {expert} received {got}, expected {want}")
+            continue
+        for row in rows:
+            s, t = divmod(int(src[row]), M)
+            x_s, _, scales_s, _ = everyone[s]
+            if not torch.equal(rx[row].view(torch.uint8), x_s[t].view(torch.uint8)):
+                problems.append(f"{what}: row {row} (rank {s} token {t}) differs from the sent token")
+            if scales is not None and not torch.equal(scales[row], scales_s[t]):
+                problems.append(f"{what}: row {row} (rank {s} token {t}): scales {scales[row]} != {scales_s[t]}")
+    if not torch.all(src[~used] == -1):
+        problems.append(f"{what}: unused rows' recv_src are {src[~used].tolist()}, expected -1")
+    return problems
+
+
+def _expert(x, scales, expert, dtype):
+    """What the test's expert ``expert`` makes of a row: its dequantised value times (expert + 1)."""
+    return (_dequant(x, scales) * (expert + 1)).to(dtype)
+
+
+def _check_combine(ctx, case: Case, d, weights, what: str, out_dtype=torch.bfloat16) -> list[str]:
+    W, r, E_l = ctx.world_size, ctx.rank, case.per_rank
+    rx = d.recv_x.cpu()
+    scales = None if d.recv_scales is None else d.recv_scales.cpu()
+    expert_out = torch.full((d.capacity, case.hidden), float("nan"), dtype=out_dtype)  # unused rows: ignored
+    offsets, counts = d.recv_offsets.cpu().tolist(), d.recv_counts.cpu().tolist()
+    for e in range(E_l):
+        rows = slice(offsets[e], offsets[e] + counts[e])
+        expert_out[rows] = _expert(rx[rows], None if scales is None else scales[rows], r * E_l + e, out_dtype)
+    out = moe_combine(ctx, expert_out.to(ctx.device), weights.to(ctx.device), d).cpu()
+    x, idx, x_scales, _ = _inputs(case, r, W)
+    want = torch.zeros(x.shape[0], case.hidden)
+    for t, j in (idx >= 0).nonzero().tolist():
+        row = _expert(x[t:t + 1], None if x_scales is None else x_scales[t:t + 1], int(idx[t, j]), out_dtype)
+        want[t] += weights[t, j] * row[0].float()
+    if out.dtype != out_dtype or out.shape != want.shape:
+        return [f"{what}: combine gave {out.dtype} {tuple(out.shape)}, expected {out_dtype} {tuple(want.shape)}"]
+    tol = 1e-5 if out_dtype == torch.float32 else 2e-2
+    if not torch.allclose(out.float(), want.to(out_dtype).float(), rtol=tol, atol=tol):
+        return [f"{what}: combine differs by {(out.float() - want).abs().max().item():.3g}"]
+    return []
+
+
+def _run(ctx, case: Case, what: str, out_dtype=torch.bfloat16) -> list[str]:
+    d, weights = _call(ctx, case)
+    problems = _check_dispatch(ctx, case, d, what)
+    # A wrong dispatch may leave rows undelivered, which a combine would wait for: then no rank combines.
+    if any(ctx.all_gather_object("moe test: dispatch problems", bool(problems))):
+        return problems or ["another rank's dispatch went wrong"]
+    return _check_combine(ctx, case, d, weights, what, out_dtype)
+
+
+CASES = [
+    Case((6, 3, 5), 2, 2, 64, torch.bfloat16, "random", given=False, salt=1),  # T differs between ranks
+    Case((4,), 2, 1, 32, torch.float16, "one", given=True, salt=2),            # every token to one expert
+    Case((0, 5), 3, 3, 32, torch.bfloat16, "same_rank", given=True, salt=3),   # T = 0 on some ranks; k on one rank
+    Case((3, 5), 2, 2, 256, FP8, "random", given=False, salt=4),              # fp8 with scales, passed through
+]
+
+
+def _cases_body(ctx):
+    problems = []
+    for case in CASES:
+        problems += _run(ctx, case, f"rank {ctx.rank}/{ctx.world_size} {case}")
+    return problems
+
+
+@pytest.mark.parametrize("world", [2, 3, 4], ids=lambda w: f"{w}ranks")
+def test_dispatch_and_combine_match_the_reference(world):
+    assert get_pool(world).run(_cases_body) == [[]] * world
+
+
+def _any_order_body(ctx, orders):
+    """Each launch's programs run in reverse, then in a shuffle of each rank's own: roles come from
+    arrival tickets, so the planner and the pushers still run before whoever waits on them."""
+    from tests.test_progress import _programs_run_in
+
+    problems = []
+    for order in orders:
+        with _programs_run_in(order, ctx.rank + 1):
+            problems += _run(ctx, CASES[0], f"rank {ctx.rank} programs {order}")
+    return problems
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator runs a launch's programs in an order the test picks")
+def test_programs_in_any_order():
+    assert get_pool(2).run(_any_order_body, ("reversed", "shuffled")) == [[]] * 2
+
+
+def _repeated_body(ctx):
+    """The no-host-sync path on the same sizes again and again (epochs on the device), another collective
+    and a call of other sizes in between, and an fp32 combine."""
+    problems, other = [], ctx.zeros(16)
+    for salt in range(3):
+        case = Case((5, 2), 2, 2, 64, torch.bfloat16, "random", given=True, salt=10 + salt)
+        problems += _run(ctx, case, f"rank {ctx.rank} call {salt}", out_dtype=torch.float32 if salt == 1 else
+                         torch.bfloat16)
+        other.fill_(1.0)
+        ccl.all_reduce(ctx, other)
+        if salt == 1:
+            problems += _run(ctx, Case((2,), 1, 1, 32, torch.float32, "random", given=False, salt=20), "between")
+    return problems
+
+
+def test_repeated_calls():
+    assert get_pool(2).run(_repeated_body) == [[]] * 2
+
+
+def _group_body(ctx):
+    """Over a group of ranks 0 and 2 of three (the agreement on T is then a one-element all-reduce)."""
+    group = ctx.new_group([0, 2])
+    if group is None:
+        return []
+    case = Case((4, 2), 2, 1, 32, torch.bfloat16, "random", given=False, salt=30)
+    x, idx, _, weights = _inputs(case, group.rank, group.world_size)
+    d = moe_dispatch(ctx, x.to(ctx.device), idx.to(ctx.device), 2, group=group)
+    rows = d.recv_x.cpu()[:int(d.recv_counts.sum())].float()
+    out = moe_combine(ctx, d.recv_x, weights.to(ctx.device), d, group=group).cpu().float()
+    want = (weights * (idx >= 0)).sum(1, keepdim=True) * x.float()
+    ok = torch.allclose(out, want.to(torch.bfloat16).float(), rtol=2e-2, atol=2e-2) and rows.shape[0] > 0
+    return [] if ok else [f"group rank {group.rank}: combine of the identity experts is off"]
+
+
+def test_in_a_group():
+    assert get_pool(3).run(_group_body) == [[]] * 3
+
+
+def _overflow_body(ctx):
+    """Every token to expert 0: rank 0 must receive 8 rows; a capacity of 5 is an error on every rank,
+    raised by the call (ranks agree on T, or the simulator) or by d.check(); then a good call works."""
+    problems, r = [], ctx.rank
+    case = Case((4,), 2, 1, 32, torch.bfloat16, "one", given=True, salt=40)
+    x, idx, _, _ = _inputs(case, r, 2)
+    idx[:, 0] = 0
+    for given in (None, 4):
+        try:
+            d = moe_dispatch(ctx, x.to(ctx.device), idx.to(ctx.device), 2, max_tokens_per_rank=given, capacity=5)
+            d.check()
+            problems.append(f"rank {r}: capacity 5 for 8 rows was accepted (max_tokens_per_rank={given})")
+        except CapacityError as exc:
+            for fragment in (f"rank {r}", "capacity=5", "rank 0 had to receive 8 rows", "capacity >= 8"):
+                if fragment not in str(exc):
+                    problems.append(f"rank {r}: {fragment!r} not in {str(exc)!r}")
+    ctx.check()  # nothing left behind
+    # The context is still in step: good calls work, and an older result is refused.
+    first, _ = _call(ctx, case)
+    problems += _run(ctx, Case((3, 4), 2, 1, 32, torch.bfloat16, "random", given=True, salt=41), f"rank {r} after")
+    messages = refusals({"stale": lambda: moe_combine(ctx, first.recv_x, torch.ones(4, 2, device=ctx.device), first)})
+    if "not the latest moe_dispatch" not in messages["stale"]:
+        problems.append(f"rank {r}: a stale dispatch result was not refused: {messages['stale']}")
+    return problems
+
+
+def test_overflowing_capacity_is_a_clear_error():
+    assert get_pool(2).run(_overflow_body) == [[]] * 2
+
+
+def _refusals_body(ctx):
+    me, dev, problems = ctx.rank, ctx.device, []
+    x = torch.ones(4, 32, device=dev, dtype=torch.bfloat16)
+    idx = torch.tensor([[0, 1]] * 4, device=dev)  # one row per rank and token: exactly the capacity
+    f8 = torch.ones(4, 128, device=dev).to(FP8)
+    dispatch = {
+        "experts not divisible": (lambda: moe_dispatch(ctx, x, idx, 3), ["num_experts=3", "divisible"]),
+        "x int": (lambda: moe_dispatch(ctx, x.int(), idx, 2), ["x", "int32"]),
+        "x 1-D": (lambda: moe_dispatch(ctx, x[0], idx, 2), ["x", "dimensions"]),
+        "idx int32": (lambda: moe_dispatch(ctx, x, idx.int(), 2), ["topk_idx", "int32"]),
+        "idx rows": (lambda: moe_dispatch(ctx, x, idx[:3], 2), ["topk_idx", r"\(3, 2\)"]),
+        "too many tokens": (lambda: moe_dispatch(ctx, x, idx, 2, max_tokens_per_rank=3), ["max_tokens_per_rank=3"]),
+        "capacity": (lambda: moe_dispatch(ctx, x, idx, 2, capacity=-1), ["capacity=-1"]),
+        "fp8 without scales": (lambda: moe_dispatch(ctx, f8, idx, 2), ["x_scales"]),
+        "scales shape": (lambda: moe_dispatch(ctx, f8, idx, 2, x_scales=torch.ones(4, 2, device=dev)),
+                         ["x_scales", r"\(4, 2\)", r"\[4, 1\]"]),
+        "scales for bf16": (lambda: moe_dispatch(ctx, x, idx, 2, x_scales=torch.ones(4, 1, device=dev)), ["x_scales"]),
+    }
+    d = moe_dispatch(ctx, x, idx, 2, max_tokens_per_rank=4)
+    out = torch.ones(d.capacity, 32, device=dev, dtype=torch.bfloat16)
+    w = torch.ones(4, 2, device=dev)
+    combine = {
+        "not a dispatch": (lambda: moe_combine(ctx, out, w, "d"), ["MoEDispatch"]),
+        "rows": (lambda: moe_combine(ctx, out[:-1], w, d), ["expert_out", f"capacity={d.capacity}"]),
+        "weights": (lambda: moe_combine(ctx, out, w[:, :1].contiguous(), d), ["topk_weights", r"\(4, 1\)"]),
+        "fp8 out": (lambda: moe_combine(ctx, out.to(FP8), w, d), ["expert_out", "float8"]),
+    }
+    for op, calls in (("moe_dispatch", dispatch), ("moe_combine", combine)):
+        messages = refusals({name: call for name, (call, _) in calls.items()})
+        for name, (_, fragments) in calls.items():
+            for fragment in [f"rank {me}", op] + fragments:
+                if not re.search(fragment, messages[name]):
+                    problems.append(f"{name}: {fragment!r} not in {messages[name]!r}")
+    # Still in step: the combine of the valid dispatch works.
+    got = moe_combine(ctx, d.recv_x, w, d).cpu().float()
+    if not torch.allclose(got, torch.full((4, 32), 2.0)):
+        problems.append(f"rank {me}: the combine after the refusals gave {got[0, :4]}")
+    return problems
+
+
+def test_bad_input_is_refused():
+    assert get_pool(2).run(_refusals_body) == [[]] * 2
+
+
+# -- sm_90 ------------------------------------------------------------------------------------------------
+
+COMPILE_CHILD = r'''
+import json
+from tests.sm90_harness import compile_ptx, with_ones
+from trident.ops.moe_kernels import moe_combine_kernel, moe_dispatch_kernel
+
+TEAM = {"sync_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64"}
+DISPATCH = {**TEAM, "x_ptr": "*i32", "topk_ptr": "*i64", "tokens": "i32", "recv_x_ptr": "*i32",
+            "recv_src_ptr": "*i64", "recv_j_ptr": "*i32", "counts_ptr": "*i32", "local_ptr": "*i32",
+            "offsets_ptr": "*i32", "recv_counts_ptr": "*i32", "status_ptr": "*i64", "row_words": "i32",
+            "scale_words": "i32", "k": "i32", "experts_local": "i32", "max_tokens": "i32", "capacity": "i32"}
+COMBINE = {**TEAM, "expert_ptr": "*bf16", "staging_ptr": "*bf16", "out_ptr": "*bf16", "weights_ptr": "*fp32",
+           "topk_ptr": "*i64", "tokens": "i32", "recv_src_ptr": "*i64", "recv_j_ptr": "*i32", "status_ptr": "*i64",
+           "hidden": "i32", "k": "i32", "experts": "i32", "max_tokens": "i32", "capacity": "i32", "pushers": "i32"}
+ONES = ("rank", "world_size", "tokens", "k", "experts_local", "max_tokens", "pushers")  # Triton's 1-specialisation
+
+
+def build(name, kernel, signature, meta, ones, check=None):
+    sig = {a: ("constexpr" if a in meta else signature[a]) for a in kernel.arg_names}
+    if ones:
+        sig, meta = with_ones(sig, meta, ONES)
+    try:
+        ptx = compile_ptx(kernel, sig, meta, num_warps=8)
+        results[name + ("-ones" if ones else "")] = "ok" if check is None or check in ptx else f"no {check} in the PTX"
+    except Exception as exc:
+        results[name + ("-ones" if ones else "")] = f"{type(exc).__name__}: {exc}"[-1500:]
+
+
+results = {}
+for ones in (False, True):
+    for fp8 in (False, True):
+        scale = "*fp32" if fp8 else "constexpr"
+        meta = {"E_BLOCK": 256, "K_BLOCK": 8, "CHUNK": 1024, "BLOCK_R": 1024, "BLOCK_S": 64, "REPORT": True,
+                "WORLD_BLOCK": 8}
+        if not fp8:
+            meta.update(scales_ptr=None, recv_scales_ptr=None)
+        build(f"dispatch fp8={fp8}", moe_dispatch_kernel, {**DISPATCH, "scales_ptr": scale, "recv_scales_ptr": scale},
+              meta, ones, "atom")
+    build("combine", moe_combine_kernel, COMBINE, {"K_BLOCK": 8, "BLOCK_H": 1024, "WORLD_BLOCK": 8}, ones)
+print(json.dumps(results))
+'''
+
+
+def test_kernels_compile_for_sm90(tmp_path):
+    from tests.sm90_harness import run_child
+
+    results = run_child(COMPILE_CHILD, tmp_path)
+    assert len(results) == 6 and set(results.values()) == {"ok"}, results

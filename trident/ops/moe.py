@@ -1,0 +1,335 @@
+"""Expert parallelism: send tokens to the ranks of their experts, and bring the results back.
+
+``d = moe_dispatch(ctx, x, topk_idx, num_experts)`` sends each token row of ``x`` to the rank of
+each of its top-k experts (rank r owns experts ``[r * E/W, (r+1) * E/W)``); ``d.recv_x`` then holds
+this rank's rows, grouped by local expert. ``moe_combine(ctx, expert_out, topk_weights, d)`` sends
+every expert output row back to its token's rank and sums them there, weighted, in fp32.
+
+Each call is one kernel with no host synchronisation when ``max_tokens_per_rank`` is given: the
+ranks exchange their counts on the device, each sender computes where its rows go from every
+rank's counts, and stores them straight into the receiver's buffer on the symmetric heap
+(:mod:`trident.ops.moe_kernels`; docs/moe.md has the layout and the protocol). Counts, offsets and
+the overflow check stay on the device, so the calls can be captured in a CUDA graph.
+
+The receive buffers belong to the context (its ops workspace, on the heap): a dispatch result is
+valid until the next ``moe_dispatch`` on the same context or group; ``moe_combine`` refuses an
+older one.
+
+Example::
+
+    d = trident.ops.moe_dispatch(ctx, x, topk_idx, num_experts=64, max_tokens_per_rank=128)
+    y = my_grouped_gemm(d.recv_x, d.recv_offsets, d.recv_counts)   # one row per received row
+    out = trident.ops.moe_combine(ctx, y, topk_weights, d)          # [T, H] on every token's rank
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+import torch
+import triton
+
+from ..ccl.api import all_reduce
+from ..ccl.workspace import workspace
+from ..errors import CapacityError, DivergenceError, TridentError
+from ..faults import describe_capacity_fault
+from ..runtime.groups import Group, team
+from .call_sync import sync_block
+from .moe_kernels import STATUS_NEEDED, STATUS_WORDS, STATUS_WORST, moe_combine_kernel, moe_dispatch_kernel
+
+#: Token dtypes ``moe_dispatch`` moves (bits, unchanged: fp8 is passed through, not requantised).
+X_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
+#: Expert output dtypes ``moe_combine`` sums (in fp32) and returns.
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: Columns per fp8 scale: ``x_scales`` is ``[T, H / SCALE_BLOCK]`` (DeepSeek-V3's 128-channel blocks).
+SCALE_BLOCK = 128
+#: Most experts: the planner holds one count per expert in registers.
+MAX_EXPERTS = 1024
+_STATE_KEY = "ops.moe"
+
+
+class _State:
+    """What the context remembers between calls: how many dispatches it ran (a result's generation)."""
+
+    def __init__(self):
+        self.calls = 0
+
+
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
+class MoEDispatch:
+    """What :func:`moe_dispatch` received on this rank; the input of :func:`moe_combine`.
+
+    Rows are grouped by local expert: local expert ``e`` (global ``rank * E_local + e``) has rows
+    ``recv_offsets[e] .. recv_offsets[e] + recv_counts[e]`` of ``recv_x``, one per (token, j) routed
+    to it from any rank, in an order of the call's choosing. Rows past the last expert's are unused.
+
+    Attributes:
+        recv_x: ``[capacity, H]``, x's dtype: the received token rows (a view of the heap workspace).
+        recv_offsets, recv_counts: ``[E_local]`` int32 device tensors (never read by the host).
+        recv_src: ``[capacity]`` int64: each row's origin, ``src_rank * max_tokens_per_rank +
+            token_index``; -1 for unused rows.
+        recv_scales: ``[capacity, H / 128]`` float32, the rows' scales, for fp8 ``x``; else None.
+        num_experts, num_local_experts: E and E / world_size.
+        max_tokens_per_rank: the T every rank stays within (given, or agreed by the call).
+        capacity: rows of the receive buffers.
+        topk_idx: this rank's routing ``[T, k]`` (the caller's tensor, kept for the combine: do not
+            change it in place before :func:`moe_combine`).
+
+    A result is valid until the next ``moe_dispatch`` on the same context (or group): the receive
+    buffers are reused. With ``max_tokens_per_rank`` given the call does not wait for the device,
+    so a capacity overflow is reported later: by :meth:`check`, ``ctx.check()`` or ``ctx.barrier()``.
+    """
+
+    recv_x: torch.Tensor
+    recv_offsets: torch.Tensor
+    recv_counts: torch.Tensor
+    recv_src: torch.Tensor
+    recv_scales: torch.Tensor | None
+    num_experts: int
+    num_local_experts: int
+    max_tokens_per_rank: int
+    capacity: int
+    topk_idx: torch.Tensor
+    _team: object
+    _recv_j: torch.Tensor
+    _status: torch.Tensor
+    _call: int
+
+    def __repr__(self) -> str:
+        return (f"MoEDispatch(recv_x={tuple(self.recv_x.shape)} {self.recv_x.dtype}, experts={self.num_experts} "
+                f"({self.num_local_experts} here), max_tokens_per_rank={self.max_tokens_per_rank}, "
+                f"capacity={self.capacity}, fp8 scales={self.recv_scales is not None})")
+
+    def check(self) -> None:
+        """Raise :class:`~trident.errors.CapacityError` if the call needed more rows than ``capacity``
+        on any rank (waits for the device). Also raises any other fault this rank's kernels recorded.
+
+        Example::
+
+            d = trident.ops.moe_dispatch(ctx, x, idx, 64, max_tokens_per_rank=128, capacity=2048)
+            d.check()   # once, outside the captured region, to validate the capacity
+        """
+        getattr(self._team, "ctx", self._team).check()  # a fault the kernel recorded, raised and cleared
+        needed, worst = self._status[STATUS_NEEDED:STATUS_WORST + 1].tolist()
+        if needed > self.capacity:
+            raise CapacityError(describe_capacity_fault(self._team.rank, worst, self.capacity, needed))
+
+
+def _fail(where: str, message: str, kind=ValueError):
+    raise kind(f"{where}: {message}")
+
+
+def _check_tensor(ctx, where: str, name: str, t, dtypes, dims: int = 2) -> None:
+    if not isinstance(t, torch.Tensor):
+        _fail(where, f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
+    if t.device != ctx.device:
+        _fail(where, f"{name} is on {t.device}, expected {ctx.device}")
+    if t.dim() != dims:
+        _fail(where, f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        _fail(where, f"{name} has dtype {t.dtype}; expected one of {', '.join(str(d) for d in dtypes)}")
+    if not t.is_contiguous():
+        _fail(where, f"{name} must be contiguous (call .contiguous())")
+
+
+def _check_int(where: str, name: str, value, low: int, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        _fail(where, f"{name}={value!r} must be an int >= {low}{' or None' if optional else ''}")
+
+
+def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, capacity, x_scales) -> None:
+    _check_tensor(ctx, where, "x", x, X_DTYPES)
+    _check_tensor(ctx, where, "topk_idx", topk_idx, (torch.int64,))
+    tokens, hidden = x.shape
+    if topk_idx.shape[0] != tokens or topk_idx.shape[1] < 1:
+        _fail(where, f"topk_idx {tuple(topk_idx.shape)} must be [T, k] with x's T={tokens} and k >= 1")
+    if hidden < 1:
+        _fail(where, f"x {tuple(x.shape)} has no columns")
+    _check_int(where, "num_experts", num_experts, 1, optional=False)
+    if num_experts % ctx.world_size or num_experts > MAX_EXPERTS:
+        _fail(where, f"num_experts={num_experts} must be divisible by the world size {ctx.world_size} (rank r "
+                     f"owns experts [r*E/W, (r+1)*E/W)) and at most {MAX_EXPERTS}")
+    _check_int(where, "max_tokens_per_rank", max_tokens_per_rank, 0)
+    if max_tokens_per_rank is not None and tokens > max_tokens_per_rank:
+        _fail(where, f"x has {tokens} tokens, more than max_tokens_per_rank={max_tokens_per_rank}")
+    _check_int(where, "capacity", capacity, 0)
+    if x.dtype != torch.float8_e4m3fn:
+        if x_scales is not None:
+            _fail(where, f"x_scales is only for float8_e4m3fn tokens; x is {x.dtype}")
+        return
+    if x_scales is None:
+        _fail(where, "float8_e4m3fn tokens need x_scales [T, H/128] float32 (they travel with their rows)")
+    _check_tensor(ctx, where, "x_scales", x_scales, (torch.float32,))
+    if hidden % SCALE_BLOCK or tuple(x_scales.shape) != (tokens, hidden // SCALE_BLOCK):
+        _fail(where, f"x_scales {tuple(x_scales.shape)} must be [T, H/{SCALE_BLOCK}] = "
+                     f"[{tokens}, {hidden / SCALE_BLOCK:g}] for x {tuple(x.shape)} (H a multiple of {SCALE_BLOCK})")
+
+
+def _agree(ctx, where: str, tokens: int, facts: tuple) -> int:
+    """The largest T of any rank (one small host exchange); also checks that every rank passed the same
+    sizes and options. Inside a group (which has no host store of its own): a one-element all-reduce."""
+    if isinstance(ctx, Group):
+        count = torch.tensor([tokens], dtype=torch.int64, device=ctx.device)
+        all_reduce(ctx, count, op="max")
+        return int(count.item())
+    everyone = ctx.all_gather_object("moe_dispatch tokens", (tokens, facts))
+    if len({f for _, f in everyone}) > 1:
+        listing = "; ".join(f"rank {r}: {f}" for r, (_, f) in enumerate(everyone))
+        raise DivergenceError(f"{where}: ranks passed different (H, k, num_experts, dtype, capacity, scales): "
+                              f"{listing}")
+    return max(t for t, _ in everyone)
+
+
+def _word_dtype(row_bytes: int) -> torch.dtype:
+    """The widest integer that tiles a row: rows are moved as raw words, never converted."""
+    return torch.int32 if row_bytes % 4 == 0 else torch.int16 if row_bytes % 2 == 0 else torch.uint8
+
+
+def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
+                 max_tokens_per_rank: int | None = None, capacity: int | None = None,
+                 x_scales: torch.Tensor | None = None, group=None) -> MoEDispatch:
+    """Send every token to the ranks of its top-k experts (collective): one kernel, no host sync.
+
+    Args:
+        x: ``[T, H]`` this rank's tokens: bf16, fp16, fp32, or float8_e4m3fn (with ``x_scales``). Any
+            placement (read locally). T may differ between ranks.
+        topk_idx: ``[T, k]`` int64: expert ids in ``[0, num_experts)``, or -1 for none. Each valid
+            (token, j) becomes one received row (a token may have several experts on one rank).
+        num_experts: E, divisible by the world size: rank r owns experts ``[r*E/W, (r+1)*E/W)``.
+        max_tokens_per_rank: a bound on every rank's T, the same on every rank. None: the ranks
+            agree on their largest T through one small host exchange (and the call waits for the
+            device to check the capacity). Given: nothing on the host waits, and the call can be
+            captured in a CUDA graph.
+        capacity: rows of the receive buffer; default the exact worst case
+            ``W * max_tokens_per_rank * min(k, E/W)``. A smaller one that the routing overflows is
+            an error (:class:`~trident.errors.CapacityError`), never a silent drop: raised by this
+            call when ``max_tokens_per_rank`` is None (or in the simulator), else recorded on the
+            device and raised by ``d.check()``, ``ctx.check()`` or ``ctx.barrier()``.
+        x_scales: ``[T, H/128]`` float32 with fp8 ``x``: each row's scales travel with it.
+        group: a group of ``ctx`` (``ctx.new_group``) to run over, or None for the whole world.
+
+    Returns:
+        An :class:`MoEDispatch` (receive buffers, per-expert offsets and counts, origins).
+
+    Example::
+
+        d = trident.ops.moe_dispatch(ctx, x, topk_idx, num_experts=256, max_tokens_per_rank=128)
+    """
+    ctx = team(ctx, group)
+    where = f"rank {ctx.rank}: moe_dispatch"
+    _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, capacity, x_scales)
+    (tokens, hidden), k, world = x.shape, topk_idx.shape[1], ctx.world_size
+    facts = (hidden, k, num_experts, str(x.dtype), capacity, x_scales is not None)
+    if max_tokens_per_rank is None:
+        max_tokens = _agree(ctx, where, tokens, facts)
+    else:
+        max_tokens = int(max_tokens_per_rank)
+        ctx.agree_in_debug("moe_dispatch", *facts, max_tokens)
+    if ctx.debug:  # the kernel ignores ids outside [-1, E) like -1; the debug mode refuses them on every rank
+        bad = topk_idx[(topk_idx < -1) | (topk_idx >= num_experts)].unique().tolist()
+        ctx.agree_in_debug("moe_dispatch: topk_idx ids outside [-1, num_experts)", bad)
+        if bad:
+            _fail(where, f"topk_idx holds ids outside [-1, {num_experts}): {bad}")
+    experts_local = num_experts // world
+    rows = world * max_tokens * min(k, experts_local) if capacity is None else int(capacity)
+    state = ctx.resource(_STATE_KEY, _State)
+    state.calls += 1
+    # Every buffer is asked for on every rank with the same size (collective), in the same order.
+    ws = workspace(ctx)
+    word = _word_dtype(hidden * x.element_size())
+    row_words = hidden * x.element_size() // word.itemsize
+    recv_words = ws.buffer("moe.recv_x", rows * row_words, word).view(rows, row_words)
+    scale_cols = hidden // SCALE_BLOCK if x_scales is not None else 0
+    recv_scales = ws.buffer("moe.recv_scales", rows * scale_cols, torch.float32).view(rows, scale_cols)
+    recv_src = ws.buffer("moe.recv_src", rows, torch.int64)
+    recv_j = ws.buffer("moe.recv_j", rows, torch.int32)
+    counts = ws.buffer("moe.counts", world * num_experts, torch.int32)
+    local = ws.buffer("moe.local", 2 * num_experts + 2 * experts_local, torch.int32)
+    offsets, recv_counts = local[2 * num_experts:].view(2, experts_local)
+    status = ws.buffer("moe.status", STATUS_WORDS, torch.int64)
+    sync = sync_block(ctx, max(world + 1, max_tokens * k))  # room for the combine's row flags too
+    if max_tokens == 0:  # no rank has a token (every rank knows): nothing to send
+        local.zero_()
+        status.zero_()
+    else:
+        programs = max(1, min(ctx.platform.program_limit, max_tokens))
+        block_r = min(triton.next_power_of_2(row_words), 1024)
+        moe_dispatch_kernel[(programs,)](
+            x.view(word), None if x_scales is None else x_scales, topk_idx, tokens,
+            recv_words, None if x_scales is None else recv_scales, recv_src, recv_j,
+            counts, local, offsets, recv_counts, status,
+            row_words, scale_cols, k, experts_local, max_tokens, rows,
+            sync, ctx.rank, world, ctx.heap_bases,
+            E_BLOCK=triton.next_power_of_2(num_experts), K_BLOCK=triton.next_power_of_2(k),
+            CHUNK=min(1024, triton.next_power_of_2(max(max_tokens * k, 16))), BLOCK_R=block_r,
+            BLOCK_S=triton.next_power_of_2(max(scale_cols, 1)), REPORT=max_tokens_per_rank is not None,
+            WORLD_BLOCK=triton.next_power_of_2(world), num_warps=4 if block_r <= 512 else 8)
+    if max_tokens_per_rank is None:  # this call synchronises anyway: check the capacity now
+        needed, worst = status[STATUS_NEEDED:STATUS_WORST + 1].tolist()
+        if needed > rows:
+            raise CapacityError(describe_capacity_fault(ctx.rank, worst, rows, needed))
+    elif ctx.platform.simulator:  # the kernel recorded any overflow; the simulator raises faults at once
+        getattr(ctx, "ctx", ctx).check()
+    return MoEDispatch(recv_words.view(x.dtype), offsets, recv_counts, recv_src,
+                       recv_scales if x_scales is not None else None, num_experts, experts_local, max_tokens,
+                       rows, topk_idx, ctx, recv_j, status, state.calls)
+
+
+def moe_combine(ctx, expert_out: torch.Tensor, topk_weights: torch.Tensor, d: MoEDispatch,
+                group=None) -> torch.Tensor:
+    """Send every expert output row back to its token's rank and sum it there, weighted (collective).
+
+    Args:
+        expert_out: ``[capacity, H]`` (bf16, fp16 or fp32): row i is the expert's output for received
+            row i of ``d`` (unused rows are ignored). Any placement (read locally).
+        topk_weights: ``[T, k]`` (fp32, bf16 or fp16), this rank's routing weights.
+        d: this rank's result of the latest :func:`moe_dispatch` on this context (or group).
+        group: the group ``d`` was made in, or None for the whole world.
+
+    Returns:
+        ``[T, H]`` in ``expert_out``'s dtype: ``out[t] = sum over j with topk_idx[t, j] >= 0 of
+        topk_weights[t, j] * expert_out[row of (t, j)]``, accumulated in fp32.
+
+    Example::
+
+        out = trident.ops.moe_combine(ctx, expert_out, topk_weights, d)
+    """
+    ctx = team(ctx, group)
+    where = f"rank {ctx.rank}: moe_combine"
+    if not isinstance(d, MoEDispatch):
+        _fail(where, f"d must be the MoEDispatch of trident.ops.moe_dispatch, got {type(d).__name__}", TypeError)
+    if d._team is not ctx:
+        _fail(where, "d was made by moe_dispatch on another context or group: pass the same ctx and group")
+    if d._call != ctx.resource(_STATE_KEY, _State).calls:
+        _fail(where, "d is not the latest moe_dispatch on this context: a later dispatch has reused its receive "
+                     "buffers. Combine each dispatch before the next one", TridentError)
+    _check_tensor(ctx, where, "expert_out", expert_out, OUT_DTYPES)
+    _check_tensor(ctx, where, "topk_weights", topk_weights, (torch.float32, torch.bfloat16, torch.float16))
+    if expert_out.shape[0] != d.capacity:
+        _fail(where, f"expert_out {tuple(expert_out.shape)} must have d.capacity={d.capacity} rows "
+                     f"(one per row of d.recv_x)")
+    if topk_weights.shape != d.topk_idx.shape:
+        _fail(where, f"topk_weights {tuple(topk_weights.shape)} must match topk_idx {tuple(d.topk_idx.shape)}")
+    (tokens, k), hidden, max_tokens = d.topk_idx.shape, expert_out.shape[1], d.max_tokens_per_rank
+    ctx.agree_in_debug("moe_combine", hidden, k, str(expert_out.dtype), d.capacity)
+    out = torch.empty(tokens, hidden, dtype=expert_out.dtype, device=ctx.device)
+    staging = workspace(ctx).buffer("moe.combine", max_tokens * k * hidden, expert_out.dtype)
+    sync = sync_block(ctx, max(ctx.world_size + 1, max_tokens * k))
+    if max_tokens == 0 or hidden == 0:
+        return out
+    programs = max(2, ctx.platform.program_limit)
+    block_h = min(triton.next_power_of_2(hidden), 1024)
+    moe_combine_kernel[(programs,)](
+        expert_out, staging, out, topk_weights, d.topk_idx, tokens,
+        d.recv_src, d._recv_j, d._status,
+        hidden, k, d.num_experts, max_tokens, d.capacity, programs // 2,
+        sync, ctx.rank, ctx.world_size, ctx.heap_bases,
+        K_BLOCK=triton.next_power_of_2(k), BLOCK_H=block_h, WORLD_BLOCK=triton.next_power_of_2(ctx.world_size),
+        num_warps=4 if block_h <= 512 else 8)
+    return out
+
+
+__all__ = ["moe_dispatch", "moe_combine", "MoEDispatch", "X_DTYPES", "OUT_DTYPES", "SCALE_BLOCK", "MAX_EXPERTS"]

@@ -1,0 +1,234 @@
+"""The kernels of ``trident.ops.moe_dispatch`` and ``trident.ops.moe_combine`` (docs/moe.md).
+
+Both are one launch each, built on the fused ops' call protocol (:mod:`trident.ops.call_sync`):
+``enter_call`` gives the call's epoch and each program's arrival ticket, ``wait_peers_ready``
+comes before a program's first store into a peer, ``finish_call`` ends the call (when a kernel
+ends, every peer's stores into this rank have landed). Flags are the sync block's tile flags,
+holding the epoch of the call that set them, so nothing is ever reset.
+
+Dispatch (``moe_dispatch_kernel``), roles by arrival ticket:
+
+* ticket 0, the *planner*, waits on nothing of its own launch: it counts this rank's routing per
+  expert (a histogram), puts the counts into row ``rank`` of every rank's count matrix (``[W, E]``,
+  on the heap) and raises its flag there, waits for every rank's row, then lays out every rank's
+  receive buffer from the whole matrix: expert by expert, and inside an expert source rank by
+  source rank. It writes this rank's ``recv_offsets``/``recv_counts``, the status words, and a
+  *cursor* per expert: where this rank's rows for that expert start at its owner. Then it raises
+  the local *layout* flag.
+* every program (the planner too, afterwards) waits for the layout flag (set by ticket 0, which
+  started first), then sends its tokens ``t = ticket, ticket + programs, ...``: per (token, j) an
+  atomic add on the expert's cursor gives the row's slot at the owner, and the row (with its
+  scales, its origin and its j) is stored straight into the owner's receive buffer.
+
+Combine (``moe_combine_kernel``): the first ``pushers`` tickets push every received row back into
+its home rank's staging area ``[M * k, H]`` at row ``t * k + j`` and raise that row's flag there;
+the later tickets (the *reducers*) take this rank's tokens, wait for the flags of their valid
+``(t, j)`` and sum ``weight * row`` in fp32. Reducers wait only on pushers, which have earlier
+tickets on every rank and wait on nothing but the peers' first program: the launch finishes
+however few of its programs are resident (docs/reliability.md, forward progress).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import layout
+from ..device import signal, store, wait
+from ..device.memory import control_block, record_fault
+from .call_sync import enter_call, finish_call, flag_words, wait_peers_ready
+
+#: Status words (int64, local) a dispatch writes: the rows this rank receives (before clamping to
+#: the capacity), the most rows any rank receives, and that rank.
+STATUS_RECEIVED, STATUS_NEEDED, STATUS_WORST = 0, 1, 2
+STATUS_WORDS = 4
+_RECEIVED, _NEEDED, _WORST = tl.constexpr(STATUS_RECEIVED), tl.constexpr(STATUS_NEEDED), tl.constexpr(STATUS_WORST)
+
+_ERR_CAPACITY = tl.constexpr(layout.ERR_CAPACITY)
+_FILL = tl.constexpr(1024)
+
+
+@triton.jit
+def _plan(topk_ptr, tokens, k,
+          counts_ptr, local_ptr, offsets_ptr, recv_counts_ptr, status_ptr,
+          experts_local, capacity, flags, epoch,
+          rank, world_size, heap_bases,
+          E_BLOCK: tl.constexpr, CHUNK: tl.constexpr, REPORT: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+    """The planner's part (ticket 0): count, exchange the counts, lay out every receive buffer."""
+    experts = experts_local * world_size
+    e = tl.arange(0, E_BLOCK)
+    in_e = e < experts
+    entries = tokens * k
+    hist = tl.zeros([E_BLOCK], dtype=tl.int32)
+    for start in range(0, entries, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        ids = tl.load(topk_ptr + offs, mask=offs < entries, other=-1)
+        valid = (ids >= 0) & (ids < experts)
+        hist += tl.histogram(tl.where(valid, ids, 0).to(tl.int32), E_BLOCK, mask=valid)
+    # My row of every rank's count matrix, then its flag (release: the row is visible first).
+    mine = counts_ptr + rank * experts + e
+    for i in range(world_size):
+        peer = (rank + i) % world_size
+        store(mine, hist, rank, peer, heap_bases, mask=in_e)
+        signal(flags + rank, epoch, rank, peer, heap_bases)
+    ranks = tl.arange(0, WORLD_BLOCK)
+    wait(flags + ranks, epoch, rank, rank, heap_bases, cmp="ge", mask=ranks < world_size)
+    total = tl.zeros([E_BLOCK], dtype=tl.int32)   # rows each expert receives
+    before = tl.zeros([E_BLOCK], dtype=tl.int32)  # of those, rows from ranks before me
+    for s in range(world_size):
+        row = tl.load(counts_ptr + s * experts + e, mask=in_e, other=0)
+        total += row
+        before += tl.where(s < rank, row, 0)
+    excl = tl.cumsum(total, axis=0) - total       # rows of every expert before e, all owners
+    owner = e // experts_local
+    tl.store(local_ptr + experts + e, excl, mask=in_e)
+    tl.debug_barrier()
+    # Expert e's first row at its owner: the rows of every expert before e, less those before the owner's first.
+    offset = excl - tl.load(local_ptr + experts + owner * experts_local, mask=in_e, other=0)
+    tl.store(local_ptr + e, offset + before, mask=in_e)  # the cursors: my first row for e at its owner
+    is_mine = in_e & (owner == rank)
+    first = tl.minimum(offset, capacity)
+    tl.store(offsets_ptr + e - rank * experts_local, first, mask=is_mine)
+    tl.store(recv_counts_ptr + e - rank * experts_local, tl.minimum(offset + total, capacity) - first, mask=is_mine)
+    zero = tl.sum(total * 0)
+    needed, worst, received = zero, zero, zero
+    for d in range(world_size):
+        rows = tl.sum(tl.where(in_e & (owner == d), total, 0))
+        worst = tl.where(rows > needed, d, worst)
+        needed = tl.maximum(needed, rows)
+        received = tl.where(d == rank, rows, received)
+    tl.store(status_ptr + _RECEIVED, received.to(tl.int64))
+    tl.store(status_ptr + _NEEDED, needed.to(tl.int64))
+    tl.store(status_ptr + _WORST, worst.to(tl.int64))
+    if REPORT:  # no host check follows this call: the host raises the fault at ctx.check() / d.check()
+        if needed > capacity:
+            record_fault(control_block(rank, heap_bases), _ERR_CAPACITY, rank, worst, 0, capacity, needed)
+
+
+@triton.jit
+def _send_rows(x_ptr, scales_ptr, topk_ptr, tokens, me,
+               recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, cursor_ptr,
+               row_words, scale_words, k, experts_local, max_tokens, capacity,
+               rank, world_size, heap_bases,
+               K_BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Store this program's tokens (``me, me + programs, ...``) into their experts' owners' buffers."""
+    experts = experts_local * world_size
+    jj = tl.arange(0, K_BLOCK)
+    cols = tl.arange(0, BLOCK_R)
+    for t in range(me, tokens, tl.num_programs(0)):
+        t64 = tl.cast(t, tl.int64)
+        ids = tl.load(topk_ptr + t64 * k + jj, mask=jj < k, other=-1)
+        valid = (jj < k) & (ids >= 0) & (ids < experts)
+        slots = tl.atomic_add(cursor_ptr + tl.where(valid, ids, 0), 1, mask=valid, sem="relaxed", scope="gpu")
+        keep = valid & (slots < capacity)  # past the capacity: not delivered, reported (status words)
+        dests = tl.where(keep, ids // experts_local, rank).to(tl.int32)
+        slots = tl.where(keep, slots, 0).to(tl.int64)
+        store(recv_src_ptr + slots, rank * max_tokens + t64 + slots * 0, rank, dests, heap_bases, mask=keep)
+        store(recv_j_ptr + slots, jj, rank, dests, heap_bases, mask=keep)
+        for c in range(0, row_words, BLOCK_R):
+            offs = c + cols
+            in_row = offs < row_words
+            row = tl.load(x_ptr + t64 * row_words + offs, mask=in_row)
+            for j in range(k):
+                if tl.sum(tl.where(jj == j, keep.to(tl.int32), 0)) > 0:
+                    slot = tl.sum(tl.where(jj == j, slots, 0))
+                    dest = tl.sum(tl.where(jj == j, dests, 0))
+                    store(recv_x_ptr + slot * row_words + offs, row, rank, dest, heap_bases, mask=in_row)
+        if scales_ptr is not None:
+            scols = tl.arange(0, BLOCK_S)
+            in_scales = scols < scale_words
+            scale = tl.load(scales_ptr + t64 * scale_words + scols, mask=in_scales)
+            for j in range(k):
+                if tl.sum(tl.where(jj == j, keep.to(tl.int32), 0)) > 0:
+                    slot = tl.sum(tl.where(jj == j, slots, 0))
+                    dest = tl.sum(tl.where(jj == j, dests, 0))
+                    store(recv_scales_ptr + slot * scale_words + scols, scale, rank, dest, heap_bases, mask=in_scales)
+
+
+@triton.jit
+def moe_dispatch_kernel(
+    x_ptr, scales_ptr, topk_ptr, tokens,                        # my tokens (row_words words a row), scales, routing
+    recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr,      # the receive buffers on the heap, `capacity` rows each
+    counts_ptr, local_ptr, offsets_ptr, recv_counts_ptr, status_ptr,  # counts [W, E] on the heap; the rest local
+    row_words, scale_words, k, experts_local, max_tokens, capacity,
+    sync_ptr,
+    rank, world_size, heap_bases,
+    E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr, REPORT: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+):
+    """Send every (token, j) with a valid expert to the expert's owner (see the module doc).
+
+    ``local_ptr`` holds ``2 * E`` int32 words: the cursors, then the planner's scratch.
+    """
+    epoch, me = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    flags = flag_words(sync_ptr, world_size)  # [0, W): the count rows' flags; W: the layout (local)
+    wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
+    if me == 0:
+        _plan(topk_ptr, tokens, k, counts_ptr, local_ptr, offsets_ptr, recv_counts_ptr, status_ptr,
+              experts_local, capacity, flags, epoch, rank, world_size, heap_bases,
+              E_BLOCK, CHUNK, REPORT, WORLD_BLOCK)
+        signal(flags + world_size, epoch, rank, rank, heap_bases, scope="gpu")
+    else:
+        wait(flags + world_size, epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
+    # Rows no peer fills this call say so: recv_src = -1.
+    unused = tl.minimum(tl.load(status_ptr + _RECEIVED), capacity)
+    for start in range(unused + me * _FILL, capacity, tl.num_programs(0) * _FILL):
+        offs = start + tl.arange(0, _FILL)
+        tl.store(recv_src_ptr + offs, tl.full([_FILL], -1, tl.int64), mask=offs < capacity)
+    _send_rows(x_ptr, scales_ptr, topk_ptr, tokens, me, recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr,
+               local_ptr, row_words, scale_words, k, experts_local, max_tokens, capacity,
+               rank, world_size, heap_bases, K_BLOCK, BLOCK_R, BLOCK_S)
+    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+
+
+@triton.jit
+def moe_combine_kernel(
+    expert_ptr, staging_ptr, out_ptr, weights_ptr, topk_ptr, tokens,  # expert rows [capacity, H]; staging [M*k, H]
+    recv_src_ptr, recv_j_ptr, status_ptr,                              # the dispatch's (local)
+    hidden, k, experts, max_tokens, capacity, pushers,
+    sync_ptr,
+    rank, world_size, heap_bases,
+    K_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+):
+    """``out[t] = sum over valid j of weights[t, j] * (row (t, j) back from its expert)``, in fp32."""
+    epoch, me = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    flags = flag_words(sync_ptr, world_size)  # [0, M*k): row t*k + j of my staging has landed
+    cols = tl.arange(0, BLOCK_H)
+    if me < pushers:
+        wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
+        received = tl.minimum(tl.load(status_ptr + _RECEIVED), capacity)
+        for slot in range(me, received, pushers):
+            src = tl.load(recv_src_ptr + slot)
+            if src >= 0:
+                home = (src // max_tokens).to(tl.int32)
+                row = (src % max_tokens) * k + tl.load(recv_j_ptr + slot)
+                for c in range(0, hidden, BLOCK_H):
+                    offs = c + cols
+                    in_row = offs < hidden
+                    value = tl.load(expert_ptr + tl.cast(slot, tl.int64) * hidden + offs, mask=in_row)
+                    store(staging_ptr + row * hidden + offs, value, rank, home, heap_bases, mask=in_row)
+                signal(flags + row, epoch, rank, home, heap_bases)
+    else:
+        # A dispatch past its capacity delivered fewer rows than the routing says (and reported it):
+        # wait for none, rather than for rows that never come.
+        complete = tl.load(status_ptr + _NEEDED) <= capacity
+        jj = tl.arange(0, K_BLOCK)
+        for t in range(me - pushers, tokens, tl.num_programs(0) - pushers):
+            rows = tl.cast(t, tl.int64) * k + jj
+            ids = tl.load(topk_ptr + rows, mask=jj < k, other=-1)
+            valid = (jj < k) & (ids >= 0) & (ids < experts)
+            weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
+            wait(flags + rows, epoch, rank, rank, heap_bases, cmp="ge", mask=valid & complete)
+            for c in range(0, hidden, BLOCK_H):
+                offs = c + cols
+                in_row = offs < hidden
+                parts = tl.load(staging_ptr + rows[:, None] * hidden + offs[None, :],
+                                mask=valid[:, None] & in_row[None, :], other=0.0).to(tl.float32)
+                total = tl.sum(parts * weight[:, None], axis=0)
+                tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + offs,
+                         total.to(out_ptr.dtype.element_ty), mask=in_row)
+    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+
+
+__all__ = ["moe_dispatch_kernel", "moe_combine_kernel", "STATUS_RECEIVED", "STATUS_NEEDED", "STATUS_WORST",
+           "STATUS_WORDS"]
