@@ -8,15 +8,21 @@ With pytest-xdist (``-n W --dist loadfile``) each worker runs whole modules with
 own; with ``--mps`` one daemon serves every worker and each rank gets ``100 / (MOST_RANKS * W)``
 percent of the SMs, so that every worker's ranks together never ask for more than the GPU has.
 
-Tests marked ``kills_ranks`` kill or crash rank processes mid-job. Under MPS a fatal GPU error in
-one client (a survivor touching a dead rank's freed heap, say) reaches every client of the daemon,
-so with ``--mps`` and several xdist workers they are skipped, and run in a phase of their own
-(``pytest --backend cuda --mps -m kills_ranks``; ``trident bench suite gpu-tests`` runs both).
+Some tests must run alone on the GPU, so with ``--mps`` and several xdist workers they are skipped,
+and run in a phase of their own (``pytest --backend cuda --mps -m "kills_ranks or device_wide"``;
+``bash scripts/test.sh --gpu`` and ``trident bench suite gpu-tests`` run both phases):
+
+* ``kills_ranks``: they kill or crash rank processes mid-job. Under MPS a fatal GPU error in one
+  client reaches every client of the daemon, so it must not reach other workers' tests.
+* ``device_wide``: they measure the whole GPU (its free memory), which other workers' ranks move.
 """
 
 import os
 
 import pytest
+
+#: Markers of the tests that run alone on the GPU (see the module docstring).
+ALONE = ("kills_ranks", "device_wide")
 
 #: The most ranks any test's pool has: with --mps each rank gets 100 / this share of a GPU's SMs.
 MOST_RANKS = 6
@@ -61,10 +67,10 @@ def pytest_collection_modifyitems(config, items):
     workers = config.workerinput["workercount"] if hasattr(config, "workerinput") else _xdist_workers(config)
     if workers <= 1:
         return
-    skip = pytest.mark.skip(reason="kills ranks: under MPS a fatal GPU error reaches every client of the daemon, so "
-                                   "it runs in a phase of its own (-m kills_ranks, without xdist)")
+    skip = pytest.mark.skip(reason="runs alone on the GPU (a test that kills ranks, or measures the whole GPU): "
+                                   "in a phase of its own, -m 'kills_ranks or device_wide' without xdist")
     for item in items:
-        if "kills_ranks" in item.keywords:
+        if any(marker in item.keywords for marker in ALONE):
             item.add_marker(skip)
 
 

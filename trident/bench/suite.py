@@ -116,10 +116,11 @@ def _p2p() -> list[Step]:
 #: Every suite by name: its steps, run in this order.
 SUITES: dict[str, list[Step]] = {
     # The whole test suite on the GPU.
-    # Ranks concurrent under MPS, each its share of the SMs; three pytest-xdist workers (whole modules each).
-    # Tests that kill ranks run last, alone (a fatal GPU error under MPS reaches every client of the daemon).
-    "gpu-tests": [INFO, pytest("pytest_cuda", "--mps", *XDIST, "-m", "not kills_ranks", limit=420),
-                  pytest("pytest_cuda_kills_ranks", "--mps", "-m", "kills_ranks", limit=180)],
+    # Ranks concurrent under MPS, each its share of the SMs; four pytest-xdist workers (whole modules each).
+    # Tests that must run alone run last, serially (tests/conftest.py: those that kill ranks, since a fatal
+    # GPU error under MPS reaches every client of the daemon, and those that measure the whole GPU).
+    "gpu-tests": [INFO, pytest("pytest_cuda", "--mps", *XDIST, "-m", "not (kills_ranks or device_wide)", limit=420),
+                  pytest("pytest_cuda_alone", "--mps", "-m", "kills_ranks or device_wide", limit=180)],
     # trident.ops.matmul against torch.matmul (cuBLAS): bf16 with the sweep of candidate configs, fp16 the table's.
     "gpu-gemm": [INFO, bench("gemm_bf16", "gemm", 1, "--sweep", "--dtype", "bfloat16", limit=420),
                  bench("gemm_fp16", "gemm", 1, "--dtype", "float16", limit=120)],
