@@ -35,6 +35,10 @@ class Resources:
             self._items[key] = factory()
         return self._items[key]
 
+    def peek(self, key: str) -> object | None:
+        """The resource under ``key`` if it exists now (never makes one)."""
+        return self._items.get(key)
+
     def mark(self) -> int:
         """How many resources exist now (see :meth:`drop_after`)."""
         return len(self._items)

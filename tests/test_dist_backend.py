@@ -1,0 +1,263 @@
+"""The torch.distributed backend "trident": ``dist.new_group(ranks, backend="trident")``.
+
+Every collective trident runs is checked against a reference computed from every rank's input;
+ops it does not run go to the fallback group (gloo in the simulator, NCCL on GPUs) and must be
+right too. Each task destroys its torch groups before it ends (the pool frees the task's heap,
+the slots reserved for torch groups included).
+"""
+
+import pathlib
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.conftest import get_pool
+
+SLOT = 1 << 20  # each slot's workspace: small heaps in the test pools
+
+
+def _collective(name):
+    """torch >= 2.13 names (all_gather_single, reduce_scatter_single) with the older ones as fallback."""
+    new = {"all_gather": "all_gather_single", "reduce_scatter": "reduce_scatter_single"}[name]
+    old = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}[name]
+    return getattr(dist, new, None) or getattr(dist, old)
+
+
+def _destroy(*groups):
+    for g in groups:
+        if g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
+            dist.destroy_process_group(g)
+
+
+def _value(rank, n, dtype, salt=0):
+    return (torch.arange(n, dtype=torch.float64) * (rank + 1) + salt + 3 * rank).to(dtype)
+
+
+def _collectives_body(ctx):
+    import trident
+
+    trident.dist_backend.reserve(ctx, groups=2, group_bytes=SLOT)
+    g = dist.new_group(list(range(ctx.world_size)), backend="trident")
+    try:
+        w, r, dev = ctx.world_size, ctx.rank, ctx.device
+        assert isinstance(g, trident.dist_backend.TridentProcessGroup), type(g)
+        for dtype in (torch.float32, torch.int32):
+            for op, fold in ((dist.ReduceOp.SUM, torch.stack), (dist.ReduceOp.MAX, torch.stack),
+                             (dist.ReduceOp.MIN, torch.stack)):
+                t = _value(r, 37, dtype).to(dev)
+                dist.all_reduce(t, op=op, group=g)
+                every = fold([_value(p, 37, dtype) for p in range(w)])
+                want = {dist.ReduceOp.SUM: every.sum(0), dist.ReduceOp.MAX: every.max(0).values,
+                        dist.ReduceOp.MIN: every.min(0).values}[op].to(dtype)
+                assert torch.equal(t.cpu(), want), (dtype, op)
+        out = torch.empty(w * 24, device=dev)
+        _collective("all_gather")(out, _value(r, 24, torch.float32).to(dev), group=g)
+        assert torch.equal(out.cpu(), torch.cat([_value(p, 24, torch.float32) for p in range(w)]))
+        out = torch.empty(5, 3, device=dev)
+        _collective("reduce_scatter")(out, _value(r, w * 15, torch.float32).view(w * 5, 3).to(dev), group=g)
+        total = sum(_value(p, w * 15, torch.float32) for p in range(w)).view(w * 5, 3)
+        assert torch.allclose(out.cpu(), total[r * 5:(r + 1) * 5])
+        out = torch.empty(w * 4, 2, device=dev)
+        dist.all_to_all_single(out, _value(r, w * 8, torch.float32).view(w * 4, 2).to(dev), group=g)
+        want = torch.cat([_value(p, w * 8, torch.float32).view(w * 4, 2)[r * 4:(r + 1) * 4] for p in range(w)])
+        assert torch.equal(out.cpu(), want)
+        t = _value(r, 10, torch.float32).to(dev)
+        dist.broadcast(t, src=w - 1, group=g)
+        assert torch.equal(t.cpu(), _value(w - 1, 10, torch.float32))
+        dist.barrier(group=g)
+        work = dist.all_reduce(torch.ones(4, device=dev), group=g, async_op=True)
+        work.wait()
+        return dict(g.counts)
+    finally:
+        _destroy(g)
+
+
+def test_every_collective_runs_on_trident_and_matches_torch():
+    results = get_pool(2).run(_collectives_body)
+    assert results[0] == results[1] == {"trident": 11, "fallback": 0}
+
+
+def _fallback_body(ctx):
+    import trident
+
+    trident.dist_backend.reserve(ctx, groups=2, group_bytes=SLOT)
+    g = dist.new_group(list(range(ctx.world_size)), backend="trident")
+    try:
+        w, r, dev = ctx.world_size, ctx.rank, ctx.device
+        parts = [torch.empty(6, device=dev) for _ in range(w)]
+        dist.all_gather(parts, _value(r, 6, torch.float32).to(dev), group=g)  # a list: not trident's
+        assert all(torch.equal(p.cpu(), _value(q, 6, torch.float32)) for q, p in enumerate(parts))
+        # Unequal splits: rank r sends q + 1 rows to rank q.
+        in_splits = [q + 1 for q in range(w)]
+        out_splits = [r + 1] * w
+        inp = torch.full((sum(in_splits), 2), float(r), device=dev)
+        out = torch.empty(sum(out_splits), 2, device=dev)
+        dist.all_to_all_single(out, inp, out_splits, in_splits, group=g)
+        assert torch.equal(out.cpu(), torch.cat([torch.full((r + 1, 2), float(p)) for p in range(w)]))
+        t = torch.full((3,), float(r + 2), device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.PRODUCT, group=g)  # not sum / max / min
+        assert torch.equal(t.cpu(), torch.full((3,), float(torch.arange(2, w + 2).prod())))
+        big = torch.ones(SLOT // 4 + 1, dtype=torch.uint8, device=dev)  # past a quarter of the slot
+        dist.all_reduce(big, group=g)
+        assert int(big.cpu().min()) == w
+        return dict(g.counts)
+    finally:
+        _destroy(g)
+
+
+def test_what_trident_does_not_run_falls_back_and_is_right():
+    results = get_pool(2).run(_fallback_body)
+    assert results[0] == results[1] == {"trident": 0, "fallback": 4}
+
+
+def _ddp_body(ctx):
+    import trident
+
+    trident.dist_backend.reserve(ctx, groups=2, group_bytes=SLOT)
+    g = dist.new_group(list(range(ctx.world_size)), backend="trident")
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(ctx.device)
+        batches = [torch.randn(5, 8, generator=torch.Generator().manual_seed(100 + p)) for p in range(ctx.world_size)]
+        targets = [torch.randn(5, 4, generator=torch.Generator().manual_seed(200 + p)) for p in range(ctx.world_size)]
+        # The reference: the gradient of the mean loss over every rank's batch, on one rank.
+        torch.nn.functional.mse_loss(model(torch.cat(batches).to(ctx.device)), torch.cat(targets).to(ctx.device)
+                                     ).backward()
+        want = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        # DDP-style: this rank's batch, then every gradient all-reduced over the trident group and averaged.
+        loss = torch.nn.functional.mse_loss(model(batches[ctx.rank].to(ctx.device)), targets[ctx.rank].to(ctx.device))
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad, group=g)
+            p.grad /= dist.get_world_size(g)
+        for got, ref in zip((p.grad for p in model.parameters()), want):
+            assert torch.allclose(got, ref, atol=1e-6, rtol=1e-5), (got - ref).abs().max()
+        return dict(g.counts)
+    finally:
+        _destroy(g)
+
+
+def test_ddp_style_gradient_all_reduce():
+    results = get_pool(2).run(_ddp_body)
+    assert results[0] == {"trident": 4, "fallback": 0}
+
+
+def _mesh_body(ctx):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import trident
+
+    trident.dist_backend.reserve(ctx, groups=2, group_bytes=SLOT)
+    device_type = "cpu" if ctx.platform.simulator else "cuda"
+    mesh = init_device_mesh(device_type, (2, 2), mesh_dim_names=("dp", "tp"),
+                            backend_override={"dp": "trident", "tp": "trident"})
+    dp, tp = mesh.get_group("dp"), mesh.get_group("tp")
+    try:
+        out = {}
+        for name, g in (("dp", dp), ("tp", tp)):
+            assert isinstance(g, trident.dist_backend.TridentProcessGroup), type(g)
+            t = torch.full((16,), float(ctx.rank), device=ctx.device)
+            dist.all_reduce(t, group=g)
+            out[name] = (dist.get_process_group_ranks(g), float(t[0]))
+        return out
+    finally:
+        _destroy(dp, tp)
+
+
+def test_device_mesh_dimensions_on_trident_groups():
+    """A 2 x 2 DeviceMesh whose two dimensions both use the trident backend: each rank is in two groups."""
+    results = get_pool(4).run(_mesh_body)
+    mesh = torch.arange(4).view(2, 2)
+    for rank, got in enumerate(results):
+        row, col = divmod(rank, 2)
+        assert got["tp"] == (mesh[row].tolist(), float(mesh[row].sum()))
+        assert got["dp"] == (mesh[:, col].tolist(), float(mesh[:, col].sum()))
+
+
+def _strided_groups_body(ctx):
+    import trident
+
+    trident.dist_backend.reserve(ctx, groups=1, group_bytes=SLOT)
+    # Disjoint groups may share a slot index: each member's slot is its own memory.
+    evens, odds = dist.new_group([0, 2], backend="trident"), dist.new_group([1, 3], backend="trident")
+    mine = evens if ctx.rank % 2 == 0 else odds
+    try:
+        t = torch.full((8,), float(ctx.rank + 1), device=ctx.device)
+        dist.all_reduce(t, group=mine)
+        return float(t[0]), mine.group.ranks
+    finally:
+        _destroy(evens, odds)
+
+
+def test_strided_groups_share_a_slot_index():
+    results = get_pool(4).run(_strided_groups_body)
+    assert results == [(4.0, (0, 2)), (6.0, (1, 3)), (4.0, (0, 2)), (6.0, (1, 3))]
+
+
+def _exhausted_body(ctx):
+    import trident
+
+    trident.dist_backend.reserve(ctx, groups=1, group_bytes=SLOT)
+    first = dist.new_group([0, 1], backend="trident")
+    try:
+        dist.new_group([0, 1], backend="trident")
+        message = "accepted"
+    except trident.TridentError as exc:
+        message = str(exc)
+    _destroy(first)
+    again = dist.new_group([0, 1], backend="trident")  # the destroyed group gave its slot back
+    t = torch.ones(4, device=ctx.device)
+    dist.all_reduce(t, group=again)
+    _destroy(again)
+    return message, float(t[0])
+
+
+def test_running_out_of_slots_names_the_parameter():
+    message, total = get_pool(2).run(_exhausted_body)[0]
+    assert "no heap slot is free" in message and "groups=" in message and "reserve" in message, message
+    assert total == 2.0
+
+
+def _unreserved_body(ctx):
+    import trident
+
+    try:
+        dist.new_group([0, 1], backend="trident")
+    except trident.TridentError as exc:
+        return str(exc)
+    return "accepted"
+
+
+def test_without_reserve_the_error_says_what_to_call():
+    assert "trident.dist_backend.reserve(ctx" in get_pool(2).run(_unreserved_body)[0]
+
+
+@pytest.mark.parametrize("name", ["trident"])
+def test_import_registers_the_backend(name):
+    import trident  # noqa: F401
+
+    assert name in dist.Backend.backend_list and name.upper() in dist.Backend._plugins
+
+
+def _bench_body(ctx, out):
+    from trident.bench import dist_backend
+
+    args = dist_backend.parse_args(["--max-bytes", "1K", "--no-progress", "--out", out])
+    dist_backend.sim_sizes(args)
+    args.repeats = 3
+    record = dist_backend.run(ctx, args)
+    files = dist_backend.report(record, out) if ctx.rank == 0 else []
+    return record, files
+
+
+def test_dispatch_cost_benchmark_writes_its_record(tmp_path):
+    from trident.bench import harness
+
+    record, files = get_pool(2).run(_bench_body, str(tmp_path))[0]
+    harness.validate(record)
+    ways = {row["way"] for row in record["rows"]}
+    assert {"torch.distributed (trident backend)", "trident.ccl", "dispatch alone (trident.ccl stubbed)"} <= ways
+    assert all(row["dispatch_us"] > 0 for row in record["rows"] if row["way"].startswith("dispatch alone"))
+    assert files and all(pathlib.Path(f).exists() for f in files)

@@ -1,0 +1,298 @@
+"""A torch.distributed backend named ``"trident"``: ``dist.new_group(ranks, backend="trident")``.
+
+``import trident`` registers it. Its process groups run ``dist.all_reduce`` (sum, max, min),
+``all_gather_into_tensor`` / ``all_gather_single``, ``reduce_scatter_tensor`` /
+``reduce_scatter_single``, ``all_to_all_single`` (equal splits), ``broadcast`` and ``barrier``
+on :mod:`trident.ccl`, over a trident group of the same ranks. Everything else (other ops,
+unequal splits, ``ReduceOp.AVG``, tensors on another device or larger than a quarter of the
+group's workspace) goes to an inner fallback group made from the same store: NCCL when every
+rank has a GPU of its own, gloo otherwise (the simulator). So existing code switches a group
+to trident with one line.
+
+A trident group needs a heap region at the same offset on every member, and torch calls a
+backend's creator on the member ranks only, so the regions are reserved up front, on every rank
+of the world, by :func:`reserve` (collective, after :func:`trident.init`): ``groups`` slots of
+``group_bytes`` each. A new torch group takes the lowest slot free on all of its members (they
+agree through the group's store), and gives it back when the group is destroyed.
+
+Example::
+
+    ctx = trident.init()
+    trident.dist_backend.reserve(ctx, groups=4)          # every rank, before dist.new_group
+    tp = dist.new_group([0, 1], backend="trident")      # every rank, as always
+    if dist.get_rank() in (0, 1):
+        dist.all_reduce(x, group=tp)                    # runs on trident.ccl
+        dist.all_gather(parts, x, group=tp)             # a list: falls back to NCCL / gloo
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from . import ccl
+from .errors import TridentError
+from .runtime.groups import clear_region, group_in_region, region_bytes
+
+NAME = "trident"
+#: Slots and bytes per slot :func:`reserve` takes by default (64 MiB of heap in all).
+DEFAULT_GROUPS = 4
+DEFAULT_GROUP_BYTES = 16 << 20
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+_REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
+              torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+#: The open arena (one per process: a process has one trident context at a time).
+_ARENA: weakref.ref | None = None
+
+
+class _Arena:
+    """The world's reserved slots for torch groups: one heap region, cut in equal slots."""
+
+    def __init__(self, ctx, groups: int, group_bytes: int):
+        self.ctx, self.groups, self.group_bytes = ctx, groups, group_bytes
+        self.slot_bytes = region_bytes(group_bytes)
+        self.region = ctx.zeros(groups * self.slot_bytes, dtype=torch.uint8)
+        self.free = set(range(groups))
+        ctx.barrier()  # every rank's slots are zeroed before any member signals into them
+
+    def slot(self, index: int) -> torch.Tensor:
+        return self.region[index * self.slot_bytes:(index + 1) * self.slot_bytes]
+
+
+def reserve(ctx, groups: int = DEFAULT_GROUPS, group_bytes: int = DEFAULT_GROUP_BYTES) -> None:
+    """Reserve heap for ``groups`` torch.distributed groups with backend "trident" (collective over the world).
+
+    Call it on every rank after :func:`trident.init` and before ``dist.new_group(...,
+    backend="trident")``. A rank may be in at most ``groups`` live trident torch groups at once;
+    each group's collectives run on trident for messages up to ``group_bytes / 4`` bytes (larger
+    ones go to the fallback). The reservation lasts until the context closes (or the
+    ``ctx.heap_scope()`` it was made in ends); calling it again with the same sizes does nothing.
+
+    Args:
+        ctx: the world's context.
+        groups: slots (live groups per rank).
+        group_bytes: each slot's workspace bytes.
+
+    Example::
+
+        trident.dist_backend.reserve(ctx, groups=2, group_bytes=64 << 20)
+    """
+    global _ARENA
+    groups, group_bytes = int(groups), int(group_bytes)
+    if groups < 1 or group_bytes < 1:
+        raise ValueError(f"rank {ctx.rank}: reserve: groups={groups} and group_bytes={group_bytes} must be positive")
+    arena = ctx.resource("dist_backend.arena", lambda: _Arena(ctx, groups, group_bytes))
+    if (arena.groups, arena.group_bytes) != (groups, group_bytes):
+        raise TridentError(f"rank {ctx.rank}: reserve: already reserved {arena.groups} groups of "
+                           f"{arena.group_bytes} bytes for this context; it cannot change while it is open")
+    _ARENA = weakref.ref(arena)
+
+
+def _arena() -> _Arena:
+    arena = _ARENA() if _ARENA is not None else None
+    # Gone with its context, or with the heap_scope() it was made in (its heap is freed then).
+    if arena is None or arena.ctx._closed or arena.ctx._resources.peek("dist_backend.arena") is not arena:
+        raise TridentError("dist.new_group(backend='trident') needs heap reserved for torch groups: call "
+                           "trident.dist_backend.reserve(ctx, groups=N) on every rank after trident.init "
+                           "(and before creating the group)")
+    return arena
+
+
+def _done(result) -> dist.Work:
+    """A completed Work: trident launched its kernel on the current stream, as NCCL would."""
+    future = torch.futures.Future()
+    future.set_result(result)
+    return torch._C._distributed_c10d._create_work_from_future(future)
+
+
+def _make_fallback(ctx, store, rank: int, size: int, timeout) -> dist.ProcessGroup:
+    """The group that runs what trident does not: NCCL with a GPU per rank, gloo otherwise."""
+    store = dist.PrefixStore("fallback/", store)
+    if ctx.platform.nccl_usable:
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def _agree_on_slot(arena: _Arena, store, rank: int, size: int, group_id: str, timeout) -> int:
+    """The lowest slot free on every member (they post their free slots to the group's store)."""
+    store.set(f"trident/free/{rank}", json.dumps(sorted(arena.free)))
+    keys = [f"trident/free/{r}" for r in range(size)]
+    store.wait(keys, timeout)
+    common = set.intersection(*(set(json.loads(store.get(k))) for k in keys))
+    if not common:
+        raise TridentError(
+            f"rank {arena.ctx.rank}: dist.new_group(backend='trident') (group {group_id!r}): no heap slot is free "
+            f"on every member: each rank has {arena.groups} (in use here: {arena.groups - len(arena.free)}); "
+            f"destroy groups no longer needed, or raise groups= in trident.dist_backend.reserve(ctx, groups=...)")
+    return min(common)
+
+
+class TridentProcessGroup(dist.ProcessGroup):
+    """A torch.distributed process group whose common collectives run on :mod:`trident.ccl`.
+
+    Made by ``dist.new_group(ranks, backend="trident")`` (see the module's docstring); ``group``
+    is the trident group (``trident.ccl.all_reduce(ctx, t, group=pg.group)`` calls it directly);
+    ``counts`` says how many calls ran on trident and how many on the fallback.
+    """
+
+    def __init__(self, arena: _Arena, slot: int, ranks, group_id: str, fallback, rank: int, size: int):
+        super().__init__(rank, size)
+        self.ctx, self.fallback, self._arena, self._slot = arena.ctx, fallback, arena, slot
+        self.group = group_in_region(arena.ctx, ranks, arena.slot(slot), f"{arena.ctx.group_name}-pg{group_id}")
+        self._limit = arena.group_bytes // 4
+        self.counts = {"trident": 0, "fallback": 0}
+        # The fallback is the group's torch backend too: torch reads the group's name from it, and
+        # ops reaching the group through torch's dispatcher (not overridden here) run on it.
+        types = dist.ProcessGroup.BackendType
+        kind = types.NCCL if arena.ctx.platform.nccl_usable else types.GLOO
+        self._set_default_backend(kind)
+        for device in ("cpu", "cuda"):
+            self._register_backend(torch.device(device), kind, fallback)
+
+    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+        """The backend's name, as torch asks it."""
+        return NAME
+
+    def name(self) -> str:
+        """The backend's name."""
+        return NAME
+
+    def _ours(self, *tensors) -> bool:
+        """Whether trident runs a call on these tensors (else the fallback does)."""
+        return not self.ctx._closed and all(
+            t.device == self.ctx.device and t.is_contiguous() and not t.is_complex() and t.numel() > 0
+            and t.numel() * t.element_size() <= self._limit for t in tensors)
+
+    def _fall(self, name: str, *args, opts=None):
+        """Run ``name`` on the fallback group."""
+        return self._ran(getattr(self.fallback, name)(*args, *([opts] if opts is not None else [])), "fallback")
+
+    def _ran(self, result, on: str = "trident"):
+        self.counts[on] += 1
+        return _done(result) if on == "trident" else result
+
+    # -- what runs on trident -------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        """``dist.all_reduce``: sum, max or min of one tensor on trident; anything else falls back."""
+        op = next((name for name, rop in _OPS.items() if opts is None or opts.reduceOp == rop), None)
+        if len(tensors) == 1 and op and tensors[0].dtype in _REDUCIBLE and self._ours(tensors[0]):
+            ccl.all_reduce(self.ctx, tensors[0], op=op, group=self.group)
+            return self._ran(tensors)
+        return self._fall("allreduce", tensors, opts=opts)
+
+    def _allgather_base(self, out, inp, opts=None):
+        """``dist.all_gather_into_tensor`` (torch <= 2.12's name)."""
+        if self._ours(out, inp) and out.dtype == inp.dtype and out.numel() == inp.numel() * self.size():
+            ccl.all_gather(self.ctx, out.view(-1), inp.view(-1), group=self.group)
+            return self._ran([out])
+        return self._fall("_allgather_base", out, inp, opts=opts)
+
+    all_gather_single = _allgather_base  # torch >= 2.13's name
+
+    def _reduce_scatter_base(self, out, inp, opts=None):
+        """``dist.reduce_scatter_tensor`` (torch <= 2.12's name): sum, max or min on trident."""
+        op = next((name for name, rop in _OPS.items() if opts is None or opts.reduceOp == rop), None)
+        if (op and self._ours(out, inp) and out.dtype == inp.dtype and out.dtype in _REDUCIBLE
+                and inp.numel() == out.numel() * self.size()):
+            ccl.reduce_scatter(self.ctx, out.view(-1), inp.view(-1), op=op, group=self.group)
+            return self._ran([out])
+        return self._fall("_reduce_scatter_base", out, inp, opts=opts)
+
+    reduce_scatter_single = _reduce_scatter_base  # torch >= 2.13's name
+
+    def alltoall_base(self, out, inp, out_splits, in_splits, opts=None):
+        """``dist.all_to_all_single`` (torch <= 2.12's name): equal splits on trident."""
+        w = self.size()
+        equal = all(not splits or len(set(splits)) == 1 for splits in (out_splits, in_splits))
+        if (equal and self._ours(out, inp) and out.dtype == inp.dtype and out.numel() == inp.numel()
+                and inp.numel() % w == 0 and inp.dim() > 0 and inp.shape[0] % w == 0):
+            ccl.all_to_all(self.ctx, out.view(-1), inp.view(-1), group=self.group)
+            return self._ran([out])
+        return self._fall("alltoall_base", out, inp, out_splits, in_splits, opts=opts)
+
+    all_to_all_single = alltoall_base  # torch >= 2.13's name
+
+    def broadcast(self, tensors, opts=None):
+        """``dist.broadcast`` of one tensor from ``opts.rootRank`` (a group rank)."""
+        root = 0 if opts is None else opts.rootRank
+        if len(tensors) == 1 and self._ours(tensors[0]):
+            ccl.broadcast(self.ctx, tensors[0], src=root, group=self.group)
+            return self._ran(tensors)
+        return self._fall("broadcast", tensors, opts=opts)
+
+    def barrier(self, opts=None):
+        """``dist.barrier``: this rank's device work done, then every member's (trident's group barrier)."""
+        self.group.barrier()
+        return _done([])
+
+    def shutdown(self) -> None:
+        """Give the group's slot back (``dist.destroy_process_group(pg)`` calls this)."""
+        if self._slot is not None:
+            self._arena.free.add(self._slot)
+            self._slot = None
+        if hasattr(self.fallback, "shutdown"):
+            self.fallback.shutdown()
+
+    abort = shutdown
+
+
+def _forward(name: str):
+    def call(self, *args):
+        return self._ran(getattr(self.fallback, name)(*args), "fallback")
+
+    call.__name__ = name
+    call.__doc__ = f"``{name}`` on the fallback group (NCCL or gloo)."
+    return call
+
+
+#: ProcessGroup methods trident does not run: they go to the fallback group.
+FALLBACK_OPS = ("allgather", "allgather_coalesced", "allgather_into_tensor_coalesced", "allreduce_coalesced",
+                "alltoall", "gather", "scatter", "reduce", "reduce_scatter", "reduce_scatter_tensor_coalesced",
+                "all_gather_single_coalesced", "reduce_scatter_single_coalesced", "send", "recv",
+                "recv_anysource", "monitored_barrier")
+for _name in FALLBACK_OPS:
+    setattr(TridentProcessGroup, _name, _forward(_name))
+
+
+def _create(options, pg_options=None) -> TridentProcessGroup:
+    """The backend's creator (torch's extended API): runs on the new group's member ranks."""
+    arena = _arena()
+    store, rank, size = options.store, options.group_rank, options.group_size
+    timeout = options.timeout if isinstance(options.timeout, datetime.timedelta) else datetime.timedelta(seconds=300)
+    ranks = list(options.global_ranks_in_group) or list(range(size))
+    if dist.get_world_size() != arena.ctx.world_size:
+        raise TridentError(f"rank {arena.ctx.rank}: the torch world ({dist.get_world_size()} ranks) is not "
+                           f"trident's ({arena.ctx.world_size}): the trident backend needs them to be one")
+    slot = _agree_on_slot(arena, store, rank, size, str(options.group_id), timeout)
+    arena.free.discard(slot)
+    try:
+        clear_region(arena.slot(slot))  # the barrier words a previous group may have left
+        arena.ctx.check()  # zeroed on the device before a member can signal into them
+        _sync(store, "zeroed", rank, size, timeout)
+        fallback = _make_fallback(arena.ctx, store, rank, size, timeout)
+        return TridentProcessGroup(arena, slot, ranks, str(options.group_id), fallback, rank, size)
+    except BaseException:
+        arena.free.add(slot)
+        raise
+
+
+def _sync(store, what: str, rank: int, size: int, timeout) -> None:
+    """A store barrier of the group's members."""
+    store.set(f"trident/{what}/{rank}", b"1")
+    store.wait([f"trident/{what}/{r}" for r in range(size)], timeout)
+
+
+def register() -> None:
+    """Register the "trident" backend with torch.distributed (``import trident`` does; idempotent)."""
+    if NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+register()
