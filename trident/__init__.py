@@ -17,7 +17,8 @@ Import trident before defining kernels: on a machine without a GPU it switches T
 CPU interpreter (the simulator), which must happen before any ``@triton.jit``.
 """
 
-from . import ccl, config, platform, torch_ops, trace  # torch_ops: registers torch.ops.trident.* (~15 ms)
+# torch_ops registers torch.ops.trident.* (~15 ms); dist_backend the torch.distributed backend "trident".
+from . import ccl, config, dist_backend, platform, torch_ops, trace
 from .device import (
     arrival_ticket,
     atomic_add,
@@ -49,6 +50,7 @@ from .errors import (
     HeapExhaustedError,
     NotSymmetricError,
     RankTimeoutError,
+    TopologyError,
     TridentError,
 )
 from .runtime.context import Context, init
@@ -57,12 +59,12 @@ from .runtime.launch import SpawnError, spawn
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "Context", "spawn", "config", "platform", "ccl", "trace", "torch_ops",
+    "init", "Context", "spawn", "config", "platform", "ccl", "trace", "torch_ops", "dist_backend",
     "translate", "load", "store", "get", "put", "copy",
     "atomic_add", "atomic_sub", "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor",
     "atomic_min", "atomic_max", "atomic_cas", "signal", "wait", "sync_ranks", "arrival_ticket", "control_block",
     "TridentError", "BackendUnavailableError", "CapacityError", "ContextClosedError", "DeviceError", "DivergenceError",
-    "HeapExhaustedError", "NotSymmetricError", "RankTimeoutError", "SpawnError",
+    "HeapExhaustedError", "NotSymmetricError", "RankTimeoutError", "SpawnError", "TopologyError",
 ]
 
 

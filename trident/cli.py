@@ -33,8 +33,10 @@ def info(as_json: bool = False) -> int:
 
     from . import __version__, topology
     from .runtime.context import DEFAULT_HEAP_SIZE
+    from .runtime.nodes import describe_environment
 
     facts = topology.system_info(default_heap_size=DEFAULT_HEAP_SIZE, version=__version__)
+    facts["summary"]["nodes"] = describe_environment()  # how the ranks of a job started here map heaps
     if as_json:
         print(json.dumps(facts, indent=2))
         return 0
@@ -86,6 +88,8 @@ BENCHMARKS = {
                                           "torch path (all_to_all_single over NCCL), eager and in a CUDA graph"),
     "latency": Bench("trident.bench.latency", (), "host time per call, flag round trips, small collectives (eager, "
                                                   "CUDA graph) against empty launches, torch and NCCL"),
+    "dist-backend": Bench("trident.bench.dist_backend", (), "host time per all-reduce: torch.distributed's "
+                                                            "trident backend vs trident.ccl directly (vs NCCL)"),
     "gemm-all-scatter": Bench("trident.bench.gemm_all_scatter", (), "GEMM + all-scatter patterns vs torch + NCCL"),
     "all-gather-gemm": Bench("trident.bench.tensor_parallel", ("--op", "all_gather_gemm"),
                              "all-gather + GEMM patterns (TP MLP, first half) vs torch + NCCL"),
@@ -98,7 +102,7 @@ BENCHMARKS = {
 _SUITE_HELP = "a named set of benchmarks, one after another: trident bench suite NAME [--out DIR] " \
               "[--budget S]; --list names the suites"
 
-_RUN_USAGE = "trident run [-h] -n NPROC [--grace S] [--mps] (script.py | -m MODULE) [args ...]"
+_RUN_USAGE = "trident run [-h] -n NPROC [--nodes N] [--grace S] [--mps] (script.py | -m MODULE) [args ...]"
 _RUN_HELP = """\
 Runs the script (or module) once per rank with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR, MASTER_PORT, ...). Every word after the script goes to it verbatim, a -- included.
@@ -125,9 +129,9 @@ def split_run_argv(words: list[str]) -> tuple[list[str], list[str]]:
     i = 0
     while i < len(words):
         word = words[i]
-        if word in ("-n", "--nproc", "--grace"):
+        if word in ("-n", "--nproc", "--grace", "--nodes"):
             i += 2
-        elif word in ("-h", "--help", "--mps") or word.startswith(("--nproc=", "--grace=")) or (
+        elif word in ("-h", "--help", "--mps") or word.startswith(("--nproc=", "--grace=", "--nodes=")) or (
                 word.startswith("-n") and len(word) > 2):
             i += 1
         elif word in ("--", "-m"):
@@ -146,6 +150,9 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, argpar
                            allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
                            description=_RUN_HELP)
     run_p.add_argument("-n", "--nproc", type=int, required=True, help="number of ranks")
+    run_p.add_argument("--nodes", type=int, default=1, metavar="N",
+                       help="split the ranks into N logical nodes (contiguous blocks) that do not map each other's "
+                            "heaps, as on N hosts: multi-node code tested on one machine (sets TRIDENT_NODES)")
     run_p.add_argument("--grace", type=float, default=DEFAULT_GRACE, metavar="S",
                        help=f"seconds from a rank's failure (or a signal) to SIGTERM, and from SIGTERM to SIGKILL, "
                             f"for the ranks still running (default {DEFAULT_GRACE:g})")
@@ -188,6 +195,8 @@ def _run_command(run_p: argparse.ArgumentParser, words: list[str]) -> int:
         run_p.error(f"-n must be at least 1, got {ns.nproc}")
     if ns.grace < 0:
         run_p.error(f"--grace must be at least 0, got {ns.grace:g}")
+    if ns.nodes < 1 or ns.nproc % ns.nodes:
+        run_p.error(f"--nodes {ns.nodes} must be at least 1 and divide -n {ns.nproc} (nodes of equal size)")
     if ns.module is not None:
         command = [sys.executable, "-m", ns.module, *script_args]
     elif ns.script is not None:
@@ -196,7 +205,8 @@ def _run_command(run_p: argparse.ArgumentParser, words: list[str]) -> int:
         command = [sys.executable, ns.script, *script_args]
     else:
         run_p.error("missing the script to run (or -m MODULE)")
-    return run(ns.nproc, command, grace=ns.grace, mps=ns.mps)
+    env = {"TRIDENT_NODES": str(ns.nodes)} if ns.nodes > 1 else None
+    return run(ns.nproc, command, grace=ns.grace, env=env, mps=ns.mps)
 
 
 def main(argv: list[str] | None = None) -> int:

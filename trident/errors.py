@@ -42,3 +42,8 @@ class CapacityError(DeviceError):
     Nothing is dropped silently: the call reports how many rows were needed. Raised by the call itself
     where it may synchronise with the host, else recorded by the kernel and raised by ``ctx.check()``,
     ``ctx.barrier()`` or the result's ``check()``."""
+
+
+class TopologyError(TridentError, ValueError):
+    """An operation needs peers in another node that this rank cannot address (their heaps are not
+    mapped), or a layout of nodes it cannot use. The message says what runs across nodes."""

@@ -68,6 +68,16 @@ def describe_peer_fault(rank, peer, world_size) -> str:
     )
 
 
+def describe_unreachable_fault(rank, peer, offset) -> str:
+    """The message of an access to a peer in another node, whose heap this rank does not map (debug mode)."""
+    return (
+        f"rank {rank}: access to peer {peer} at heap offset {offset:#x} (offset {offset}): rank {peer} is in "
+        f"another node, and its heap is not mapped here (heap_bases[{peer}] == 0). Kernels reach only the "
+        f"ranks of their own node (ctx.topology.local_ranks); across nodes use trident.ccl's collectives, "
+        f"which run the inter-node part with torch.distributed."
+    )
+
+
 def describe_capacity_fault(rank, worst_rank, capacity, needed) -> str:
     """The message of an MoE dispatch whose receive buffer was too small (rows past it were not delivered)."""
     return (

@@ -43,5 +43,6 @@ ERR_OUT_OF_HEAP = 2
 ERR_ABORTED = 3
 ERR_BAD_PEER = 4
 ERR_CAPACITY = 5  # a receive buffer (an MoE dispatch's capacity) too small: EXPECTED rows held, OBSERVED needed
+ERR_UNREACHABLE = 6  # a peer in another node, whose heap is not mapped (heap_bases[peer] == 0)
 
 assert (BARRIER_SLOTS + MAX_WORLD) * 8 <= CONTROL_BYTES

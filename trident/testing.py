@@ -107,12 +107,14 @@ class RankPool:
         world_size: number of ranks.
         env: extra environment variables for the ranks (e.g. ``{"TRIDENT_DEBUG": "1"}``); they are
             set before the ranks import trident.
+        nodes: split the ranks into this many logical nodes (``TRIDENT_NODES``): contiguous blocks
+            that do not map each other's heaps, as on separate hosts.
         **init_kwargs: passed to :func:`trident.init` (heap_size, wait_timeout, timeout, ...).
     """
 
-    def __init__(self, world_size: int, env: dict | None = None, **init_kwargs):
+    def __init__(self, world_size: int, env: dict | None = None, nodes: int = 1, **init_kwargs):
         self.world_size = world_size
-        self.env = dict(env or {})
+        self.env = {**({"TRIDENT_NODES": str(nodes)} if nodes > 1 else {}), **(env or {})}
         self.init_kwargs = init_kwargs
         self._procs: list = []
         self._conns: list = []

@@ -28,8 +28,9 @@ class HeapBackend(ABC):
         """Make this rank's heap of ``heap_size`` bytes; return a handle for peers to open."""
 
     @abstractmethod
-    def open_peers(self, handles: list[bytes]) -> list[torch.Tensor]:
-        """Map every rank's heap; return a uint8 tensor over each (this rank's own included)."""
+    def open_peers(self, handles: list[bytes | None]) -> list[torch.Tensor | None]:
+        """Map every rank's heap; return a uint8 tensor over each (this rank's own included), and None
+        for a None handle (a peer in another node, never mapped)."""
 
     def after_exchange(self) -> None:  # noqa: B027  (optional hook)
         """Called once every rank has opened every heap."""

@@ -107,6 +107,9 @@ class CudaBackend(HeapBackend):
         cudart = _cudart()
         views = []
         for peer, raw in enumerate(handles):
+            if raw is None:  # a peer in another node: never mapped
+                views.append(None)
+                continue
             if peer == self.rank:
                 memory = self._local
             else:

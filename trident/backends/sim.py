@@ -77,7 +77,7 @@ class SimBackend(HeapBackend):
         return self.path.encode()
 
     def open_peers(self, handles: list[bytes]) -> list[torch.Tensor]:
-        return [torch.from_file(h.decode(), shared=True, size=self.heap_size, dtype=torch.uint8)
+        return [None if h is None else torch.from_file(h.decode(), shared=True, size=self.heap_size, dtype=torch.uint8)
                 for h in handles]
 
     def abort_word(self, heap: torch.Tensor) -> tuple[torch.Tensor, int]:

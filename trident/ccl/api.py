@@ -24,7 +24,7 @@ import triton.language as tl
 from ..errors import NotSymmetricError
 from ..kernels.prepared import Plan, launch, plan_key
 from ..runtime.groups import team
-from . import kernels
+from . import hierarchical, kernels
 from .kernels import MAX_PROGRAMS
 from .workspace import keep_plan, new_plan, replay, run_step, workspace
 
@@ -161,6 +161,8 @@ def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor, group=None) -> torch.T
         trident.ccl.all_gather(ctx, out, ctx.ones(1024))
     """
     ctx = team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
+    if ctx.spans_nodes:  # several nodes: trident inside each, torch.distributed between (one check)
+        return hierarchical.all_gather(ctx, out, inp)
     key = plan_key("all_gather", out, inp)
     if replay(ctx, key):
         return out
@@ -186,6 +188,8 @@ def reduce_scatter(ctx, out: torch.Tensor, inp: torch.Tensor, op="sum", group=No
         trident.ccl.reduce_scatter(ctx, out, ctx.ones(ctx.world_size * 1024))   # out == world_size
     """
     ctx = team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
+    if ctx.spans_nodes:  # several nodes: trident inside each, torch.distributed between (one check)
+        return hierarchical.reduce_scatter(ctx, out, inp, op)
     key = plan_key("reduce_scatter", out, inp, op)
     if replay(ctx, key):
         return out
@@ -221,6 +225,8 @@ def all_reduce(ctx, tensor: torch.Tensor, op="sum", algorithm: str = "auto", gro
         trident.ccl.all_reduce(ctx, x)      # every element: 0 + 1 + ... + world_size-1
     """
     ctx = team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
+    if ctx.spans_nodes:  # several nodes: trident inside each, torch.distributed between (one check)
+        return hierarchical.all_reduce(ctx, tensor, op, algorithm)
     key = plan_key("all_reduce", tensor, op, algorithm)
     if replay(ctx, key):
         return tensor
@@ -289,6 +295,8 @@ def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_split
         trident.ccl.all_to_all_v(ctx, out, tokens[:n], out_splits=recv_counts, in_splits=send_counts)
     """
     ctx = team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
+    if ctx.spans_nodes:  # several nodes: trident inside each, torch.distributed between (one check)
+        return hierarchical.all_to_all_v(ctx, out, inp, out_splits, in_splits)
     _check(ctx, "all_to_all_v", out=out, inp=inp)
     if _overlap(out, inp):
         raise ValueError(f"rank {ctx.rank}: all_to_all_v: out and inp share memory; every rank reads its peers' "
@@ -323,6 +331,8 @@ def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor, group=None) -> torch.T
         trident.ccl.all_to_all(ctx, out, inp)   # inp.shape[0] divisible by world_size
     """
     ctx = team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
+    if ctx.spans_nodes:  # several nodes: trident inside each, torch.distributed between (one check)
+        return hierarchical.all_to_all(ctx, out, inp)
     key = plan_key("all_to_all", out, inp)
     if replay(ctx, key):
         return out
@@ -353,6 +363,8 @@ def broadcast(ctx, tensor: torch.Tensor, src: int, group=None) -> torch.Tensor:
         trident.ccl.broadcast(ctx, weights, src=0)
     """
     ctx = team(ctx, group)  # the whole world, or the group's ranks, workspace and heap bases
+    if ctx.spans_nodes:  # several nodes: trident inside each, torch.distributed between (one check)
+        return hierarchical.broadcast(ctx, tensor, src)
     key = plan_key("broadcast", tensor, src)
     if replay(ctx, key):
         return tensor

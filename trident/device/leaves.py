@@ -16,7 +16,13 @@ import triton
 import triton.language as tl
 
 from .. import layout, platform
-from ..faults import abort_reason, describe_heap_fault, describe_peer_fault, describe_wait_fault
+from ..faults import (
+    abort_reason,
+    describe_heap_fault,
+    describe_peer_fault,
+    describe_unreachable_fault,
+    describe_wait_fault,
+)
 
 if platform.SIMULATOR:
 
@@ -49,6 +55,8 @@ if platform.SIMULATOR:
         rank, peer, offset, limit = (_scalar(v) for v in (rank, peer, offset, limit))
         if _scalar(kind) == layout.ERR_BAD_PEER:
             raise DeviceError(describe_peer_fault(rank, peer, limit))
+        if _scalar(kind) == layout.ERR_UNREACHABLE:
+            raise DeviceError(describe_unreachable_fault(rank, peer, offset))
         raise DeviceError(describe_heap_fault(rank, peer, offset, limit))
 
     def _scalar(value):

@@ -29,6 +29,7 @@ _BASE_ALIGN = tl.constexpr(layout.BASE_ALIGN)
 _HEAP_SIZE = tl.constexpr(layout.HEAP_SIZE)
 _ERR_OUT_OF_HEAP = tl.constexpr(layout.ERR_OUT_OF_HEAP)
 _ERR_BAD_PEER = tl.constexpr(layout.ERR_BAD_PEER)
+_ERR_UNREACHABLE = tl.constexpr(layout.ERR_UNREACHABLE)
 _WORLD_SIZE = tl.constexpr(layout.WORLD_SIZE)
 _ERROR_COUNT = tl.constexpr(layout.ERROR_COUNT)
 _ERROR_KIND = tl.constexpr(layout.ERROR_KIND)
@@ -98,27 +99,33 @@ def _check_in_heap(ptr, rank, peer, heap_bases, mask):
     heap_size = tl.load(ctrl + _HEAP_SIZE)
     world_size = tl.load(ctrl + _WORLD_SIZE)
     exists = (peer >= 0) & (peer < world_size)
+    # A peer in another node is not mapped here: its heap base is 0.
+    far = exists & (tl.load(heap_bases + tl.where(exists, peer, rank)) == 0)
     offset = ptr.to(tl.int64) - base
-    inside = (offset >= 0) & (offset <= heap_size - ELEM_BYTES) & exists
+    inside = (offset >= 0) & (offset <= heap_size - ELEM_BYTES) & exists & (far == 0)
     no_peer = exists == 0
     bad = inside == 0
     if mask is not None:
         no_peer = no_peer & mask
+        far = far & mask
         bad = bad & mask
     IS_BLOCK: tl.constexpr = len(ptr.shape) > 0
     if IS_BLOCK:
         no_peer = tl.broadcast_to(no_peer, ptr.shape)  # the lanes' shape, when peer is one scalar
+        far = tl.broadcast_to(far, ptr.shape)
         any_bad = tl.max(bad.to(tl.int32), axis=None) > 0
         any_no_peer = tl.max(no_peer.to(tl.int32), axis=None) > 0
+        any_far = tl.max(far.to(tl.int32), axis=None) > 0
         bad_offset = tl.max(tl.where(bad, offset, -(2**62)), axis=None)
-        bad_peer = tl.max(tl.where(no_peer, peer, tl.where(bad, peer, -(2**31))), axis=None)
+        bad_peer = tl.max(tl.where(no_peer, peer, tl.where(far, peer, tl.where(bad, peer, -(2**31)))), axis=None)
     else:
         any_bad = bad
         any_no_peer = no_peer
+        any_far = far
         bad_offset = offset
         bad_peer = peer
     if any_bad:
-        kind = tl.where(any_no_peer, _ERR_BAD_PEER, _ERR_OUT_OF_HEAP)
+        kind = tl.where(any_no_peer, _ERR_BAD_PEER, tl.where(any_far, _ERR_UNREACHABLE, _ERR_OUT_OF_HEAP))
         where = tl.where(any_no_peer, 0, bad_offset)
         limit = tl.where(any_no_peer, world_size, heap_size)  # what the peer or offset had to stay below
         on_access_fault(kind, rank, bad_peer, where, limit)

@@ -23,6 +23,7 @@ from ..ccl import all_gather
 from ..ccl.api import input_stage
 from ..runtime.groups import team
 from . import all_gather_gemm_kernels as kernels
+from . import multinode
 from .call_cache import call_key, recall, remember
 from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, comm_span, prepare_call, split_roles
 from .matmul import MatmulConfig, launch_matmul, num_programs
@@ -169,6 +170,9 @@ def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor
         trident.ops.all_gather_gemm(ctx, A_local, W_up_shard, C)       # every rank's tokens x my columns
     """
     ctx = team(ctx, group)  # the whole world, or a group of ctx.new_group
+    if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
+        return multinode.all_gather_gemm(ctx, A_local, B, C, pattern=pattern, config=config,
+                                             comm_programs=comm_programs, trace=trace)
     key = call_key(ctx, ALL_GATHER_GEMM, A_local, B, C, pattern, config, comm_programs, trace)
     call = recall(ctx, key, A_local, B, C)
     if call is None:  # the first call with this key: check everything, then decide

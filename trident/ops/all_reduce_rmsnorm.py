@@ -30,6 +30,7 @@ from ..ccl.api import input_stage
 from ..ccl.kernels import MAX_PROGRAMS
 from ..ccl.workspace import workspace
 from ..runtime.groups import team
+from . import multinode
 from .all_reduce_rmsnorm_kernels import all_reduce_rmsnorm_kernel, num_warps
 
 #: Input dtypes (x, residual, weight); accumulation is fp32 for all.
@@ -115,6 +116,8 @@ def all_reduce_rmsnorm(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float = 
         out, residual = trident.ops.all_reduce_rmsnorm(ctx, partial, norm_weight, 1e-6, residual=residual)
     """
     ctx = team(ctx, group)  # the whole world, or a group of ctx.new_group
+    if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
+        raise multinode.refuse(ctx, "all_reduce_rmsnorm")
     _check(ctx, x, weight, eps, residual, out_dtype, scale)
     tokens, hidden = x.shape
     fp8 = out_dtype is not None

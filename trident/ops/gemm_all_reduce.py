@@ -37,6 +37,7 @@ from ..ccl.api import input_stage
 from ..runtime.groups import team
 from ..runtime.resources import GrowingBuffer
 from . import gemm_all_reduce_kernels as kernels
+from . import multinode
 from .call_cache import call_key, recall, remember
 from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, comm_span, prepare_call, split_roles
 from .matmul import MatmulConfig, launch_matmul, num_programs, operands
@@ -180,6 +181,9 @@ def gemm_all_reduce(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, patt
         trident.ops.gemm_all_reduce(ctx, hidden_shard, W_out_shard, C)
     """
     ctx = team(ctx, group)  # the whole world, or a group of ctx.new_group
+    if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
+        return multinode.gemm_all_reduce(ctx, A, B, C, pattern=pattern, config=config,
+                                             comm_programs=comm_programs, trace=trace)
     key = call_key(ctx, GEMM_ALL_REDUCE, A, B, C, pattern, config, comm_programs, trace)
     call = recall(ctx, key, A, B, C)
     if call is None:  # the first call with this key: check everything, then decide

@@ -25,6 +25,7 @@ import triton
 
 from ..runtime.groups import team
 from . import gemm_all_scatter_kernels as kernels
+from . import multinode
 from .call_cache import call_key, recall, remember
 from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, prepare_call, split_roles
 from .matmul import MatmulConfig, launch_matmul, num_programs, operands
@@ -206,6 +207,8 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
         trident.ops.gemm_all_scatter(ctx, A, B_local, C, pattern="fused_sequential")
     """
     ctx = team(ctx, group)  # the whole world, or a group of ctx.new_group
+    if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
+        raise multinode.refuse(ctx, "gemm_all_scatter")
     key = call_key(ctx, GEMM_ALL_SCATTER, A, B_local, C, pattern, config, comm_programs, trace)
     call = recall(ctx, key, A, B_local, C)
     if call is None:  # the first call with this key: check everything, then decide

@@ -28,6 +28,7 @@ from ..ccl.api import input_stage
 from ..runtime.groups import team
 from ..runtime.resources import GrowingBuffer
 from . import gemm_reduce_scatter_kernels as kernels
+from . import multinode
 from .call_cache import call_key, recall, remember
 from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, comm_span, prepare_call, split_roles
 from .matmul import MatmulConfig, launch_matmul, num_programs, operands
@@ -173,6 +174,9 @@ def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, 
         trident.ops.gemm_reduce_scatter(ctx, hidden_shard, W_down_shard, C)
     """
     ctx = team(ctx, group)  # the whole world, or a group of ctx.new_group
+    if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
+        return multinode.gemm_reduce_scatter(ctx, A, B, C, pattern=pattern, config=config,
+                                             comm_programs=comm_programs, trace=trace)
     key = call_key(ctx, GEMM_REDUCE_SCATTER, A, B, C, pattern, config, comm_programs, trace)
     call = recall(ctx, key, A, B, C)
     if call is None:  # the first call with this key: check everything, then decide

@@ -35,6 +35,7 @@ from ..ccl.workspace import workspace
 from ..errors import CapacityError, DivergenceError, TridentError
 from ..faults import describe_capacity_fault
 from ..runtime.groups import Group, team
+from . import multinode
 from .call_sync import sync_block
 from .moe_kernels import STATUS_NEEDED, STATUS_WORDS, STATUS_WORST, moe_combine_kernel, moe_dispatch_kernel
 
@@ -219,6 +220,8 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
         d = trident.ops.moe_dispatch(ctx, x, topk_idx, num_experts=256, max_tokens_per_rank=128)
     """
     ctx = team(ctx, group)
+    if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
+        raise multinode.refuse(ctx, "moe_dispatch")
     where = f"rank {ctx.rank}: moe_dispatch"
     _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, capacity, x_scales)
     (tokens, hidden), k, world = x.shape, topk_idx.shape[1], ctx.world_size
@@ -298,6 +301,8 @@ def moe_combine(ctx, expert_out: torch.Tensor, topk_weights: torch.Tensor, d: Mo
         out = trident.ops.moe_combine(ctx, expert_out, topk_weights, d)
     """
     ctx = team(ctx, group)
+    if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
+        raise multinode.refuse(ctx, "moe_combine")
     where = f"rank {ctx.rank}: moe_combine"
     if not isinstance(d, MoEDispatch):
         _fail(where, f"d must be the MoEDispatch of trident.ops.moe_dispatch, got {type(d).__name__}", TypeError)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 
 import torch
+import torch.distributed as dist
 
 from ..errors import DivergenceError
 
@@ -55,6 +56,10 @@ def _broadcast_tensor(ctx, tensor: torch.Tensor, src: int, everyone: list) -> to
                               f"got {listing}")
     if ctx.world_size == 1 or tensor.numel() == 0:
         return tensor
+    if ctx.topology.spans_nodes:  # no heap path between nodes: torch.distributed's default group
+        buf = tensor.contiguous()
+        dist.broadcast(buf, src)
+        return tensor if buf is tensor else tensor.copy_(buf)
     # Read straight from src's heap when every rank's tensor is the same symmetric tensor;
     # otherwise src stages its data in a temporary symmetric tensor.
     offsets = {off for *_, off in everyone}

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
-import os
 import pickle
 import secrets
 import weakref
@@ -24,34 +22,14 @@ from . import groups
 from .allocator import SymmetricAllocator
 from .control import ControlBlock
 from .heap import SymmetricHeapMixin
+from .nodes import Hierarchy, Topology, node_key
 from .rendezvous import Rendezvous, join_process_group
 from .resources import Resources
+from .timeouts import _seconds
 from .watchdog import RankWatchdog, identity
 
 DEFAULT_HEAP_SIZE = 1 << 30
-#: Longest wait a timeout may ask for (a week): waits always end, and the device counts nanoseconds in int64.
-MAX_SECONDS = 7 * 24 * 3600.0
 _context_ids = itertools.count()
-
-
-def _seconds(name: str, value, variable: str, default: float = 30.0) -> float:
-    """A positive number of seconds: the argument, else the environment variable, else the default."""
-    source = f"{name}={value!r}"
-    if value is None:
-        raw = os.environ.get(variable)
-        if raw is None:
-            return default
-        source = f"{variable}={raw!r}"
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ValueError(f"{source} is not a number of seconds") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{source} must be a positive number of seconds")
-    if not math.isfinite(value) or value > MAX_SECONDS:
-        raise ValueError(f"{source} is too large: a wait must end, with an error naming what it waited for; "
-                         f"give at most {MAX_SECONDS:g} seconds")
-    return float(value)
 
 
 def init(heap_size: int = DEFAULT_HEAP_SIZE, backend: str | None = None, *, timeout: float | None = None,
@@ -126,7 +104,9 @@ class Context(SymmetricHeapMixin):
         heap_size: bytes per rank.
         heap_bases: int64 tensor on ``device``: every rank's heap base as mapped in this process.
             Pass it to kernels; the device API translates pointers with it.
-        heap_bases_host: the same addresses as a tuple of ints.
+        heap_bases_host: the same addresses as a tuple of ints. A peer in another node has 0 in both.
+        topology: the :class:`~trident.runtime.nodes.Topology` (which ranks share a node); ``node``,
+            ``local_rank`` (this rank's place in its node) and ``nodes`` (each node's ranks) come from it.
         group_name: the whole world's name, the same on every rank (``torch.ops.trident.*`` take it).
     """
 
@@ -151,14 +131,17 @@ class Context(SymmetricHeapMixin):
         self._resources = Resources()
         try:
             handle = self._backend.create(heap_size)
-            exchanged = [pickle.loads(v) for v in rendezvous.all_gather(
-                "heap handle exchange", pickle.dumps((heap_size, handle, identity())))]
-            sizes = {r: size for r, (size, _, _) in enumerate(exchanged)}
+            exchanged = [pickle.loads(v) for v in rendezvous.all_gather("heap handle exchange", pickle.dumps(
+                (heap_size, handle, identity(), node_key(self.rank, self.world_size))))]
+            sizes = {r: size for r, (size, *_) in enumerate(exchanged)}
             if len(set(sizes.values())) > 1:
                 raise DivergenceError(f"rank {self.rank}: ranks asked for different heap sizes: {sizes}")
-            self._heaps = self._backend.open_peers([h for _, h, _ in exchanged])
+            self.topology = topo = Topology.from_keys(self.rank, [key for *_, key in exchanged])
+            # Peers in other nodes are never mapped: their heap base is 0 (see trident.runtime.nodes).
+            self._heaps = self._backend.open_peers([h if topo.reachable(r) else None
+                                                    for r, (_, h, _, _) in enumerate(exchanged)])
             self._heap = self._heaps[self.rank]
-            bases = [h.data_ptr() for h in self._heaps]
+            bases = [0 if h is None else h.data_ptr() for h in self._heaps]
             misaligned = [r for r, b in enumerate(bases) if b % layout.BASE_ALIGN]
             if misaligned:
                 raise DeviceError(f"rank {self.rank}: heaps of ranks {misaligned} are not "
@@ -177,11 +160,15 @@ class Context(SymmetricHeapMixin):
         # Only weak references back to the context: a closed context must be freed at once (its
         # heap and peer mappings with it), not whenever the garbage collector breaks a cycle.
         me = weakref.ref(self)
-        self._watchdog = RankWatchdog(self.rank, [who for _, _, who in exchanged], watchdog_interval,
+        self._watchdog = RankWatchdog(self.rank, [who for _, _, who, _ in exchanged], watchdog_interval,
                                       lambda rank, why: (ctx := me()) is not None and ctx._on_rank_gone(rank, why))
         rendezvous.watch(self._watchdog)
         self._watchdog.start()
-        self._closed = False
+        self._closed, self._hierarchy = False, None
+        self.node, self.local_rank, self.nodes = topo.node, topo.local_rank, topo.nodes
+        self.spans_nodes = topo.spans_nodes
+        # More than one node: the node's group and torch groups across nodes (collective, made once).
+        self._hierarchy = Hierarchy(self, topo) if topo.spans_nodes else None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -202,7 +189,7 @@ class Context(SymmetricHeapMixin):
         self._watchdog.stop()
         self._closed = True
         # Drop every view of the heaps now, even if the user keeps this closed context around.
-        self._heaps = self._heap = None
+        self._heaps = self._heap = self._hierarchy = None  # the hierarchy's node group refers back to us
         self._control.release()
         self._resources.clear()
         self._backend.close()
@@ -218,7 +205,8 @@ class Context(SymmetricHeapMixin):
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"heap_size={self.heap_size}"
-        return f"<trident.Context rank={self.rank}/{self.world_size} backend={self.backend} {state}>"
+        nodes = f" nodes={self.topology.describe()!r}" if self.topology.spans_nodes else ""
+        return f"<trident.Context rank={self.rank}/{self.world_size} backend={self.backend}{nodes} {state}>"
 
     def _check_open(self) -> None:
         if self._closed:
@@ -359,6 +347,8 @@ class Context(SymmetricHeapMixin):
             consume_kernel[grid](...)
         """
         self._check_open()
+        if self._hierarchy is not None:  # no device path between nodes: torch.distributed joins them
+            return self._hierarchy.device_barrier()
         from ..kernels.barrier import launch_device_barrier
 
         launch_device_barrier(self.heap_bases, self.rank, self.world_size)

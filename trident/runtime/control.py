@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 
 from .. import faults, layout
-from ..faults import describe_capacity_fault, describe_heap_fault, describe_peer_fault, describe_wait_fault
+from ..faults import (
+    describe_capacity_fault,
+    describe_heap_fault,
+    describe_peer_fault,
+    describe_unreachable_fault,
+    describe_wait_fault,
+)
 
 
 class ControlBlock:
@@ -66,6 +72,8 @@ class ControlBlock:
             message = describe_heap_fault(rank, peer, offset, expected)
         elif kind == layout.ERR_BAD_PEER:
             message = describe_peer_fault(rank, peer, expected)
+        elif kind == layout.ERR_UNREACHABLE:
+            message = describe_unreachable_fault(rank, peer, offset)
         elif kind == layout.ERR_CAPACITY:
             message = describe_capacity_fault(rank, peer, expected, observed)
         else:

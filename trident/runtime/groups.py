@@ -32,7 +32,7 @@ import weakref
 import torch
 
 from .. import layout
-from ..errors import HeapExhaustedError
+from ..errors import HeapExhaustedError, TopologyError
 from .allocator import SymmetricAllocator
 from .resources import Resources
 
@@ -80,6 +80,8 @@ class Group:
         heap_bases: int64 device tensor: the members' heap bases, in group order.
         group_name: the same on every member.
     """
+
+    spans_nodes = False  # groups live in one node (new_group refuses others); the collectives ask
 
     def __init__(self, ctx, ranks: tuple[int, ...], region: torch.Tensor, region_offset: int, name: str):
         self.ctx = ctx
@@ -190,6 +192,10 @@ def new_group(ctx, ranks, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> Gro
     if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < ctx.world_size for r in ranks):
         raise ValueError(f"rank {ctx.rank}: new_group: ranks={list(ranks)} must be distinct ranks of the world "
                          f"(0 .. {ctx.world_size - 1}), at least one")
+    if len({ctx.topology.node_of(r) for r in ranks}) > 1:  # the same on every rank: nobody is left waiting
+        raise TopologyError(f"rank {ctx.rank}: new_group: ranks={list(ranks)} span nodes ({ctx.topology.describe()}); "
+                            f"a trident group maps its members' heaps, so it lives in one node. Use the world "
+                            f"(hierarchical across nodes) or a torch.distributed group (docs/multi-node.md)")
     everyone = ctx.all_gather_object("new_group", (ranks, workspace_bytes))
     if len(set(everyone)) > 1:
         listing = "; ".join(f"rank {r}: {v}" for r, v in enumerate(everyone))
@@ -203,6 +209,38 @@ def new_group(ctx, ranks, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> Gro
     if ctx.rank not in ranks:
         return None
     return Group(ctx, ranks, region, ctx.heap_offset(region), f"{ctx.group_name}-g{count[0]}")
+
+
+def region_bytes(workspace_bytes: int) -> int:
+    """Bytes of a group's heap region with ``workspace_bytes`` for its buffers (barrier words included)."""
+    return _BARRIER_BYTES + -(-int(workspace_bytes) // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN
+
+
+def group_in_region(ctx, ranks, region: torch.Tensor, name: str) -> Group:
+    """A group of ``ranks`` over a heap region reserved earlier (no world collective): for groups
+    made on their members only, like torch.distributed's backend creators (:mod:`trident.dist_backend`).
+
+    The caller guarantees that every member passes a region at the same heap offset, of
+    :func:`region_bytes` bytes or more, whose barrier words (its first bytes) every member has zeroed
+    (:func:`clear_region`) and synchronized on the device before any member uses the group;
+    ``name`` must be the same on every member and unique in the process.
+
+    Example::
+
+        clear_region(region); ctx.check(); <store barrier of the members>
+        g = group_in_region(ctx, [0, 2], region, f"{ctx.group_name}-pg7")
+    """
+    ranks = tuple(int(r) for r in ranks)
+    topology = getattr(ctx, "topology", None)
+    if topology is not None and len({topology.node_of(r) for r in ranks}) > 1:
+        raise TopologyError(f"rank {ctx.rank}: group {name}: ranks={list(ranks)} span nodes; a trident group maps "
+                            f"its members' heaps, so it lives in one node (use a torch.distributed NCCL group)")
+    return Group(ctx, ranks, region, ctx.heap_offset(region), name)
+
+
+def clear_region(region: torch.Tensor) -> None:
+    """Zero a group region's barrier words (before a new group uses a region an earlier one had)."""
+    region[:_BARRIER_BYTES].zero_()
 
 
 def groups_from_mesh(ctx, mesh, dim, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> Group | None:

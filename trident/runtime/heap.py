@@ -7,7 +7,7 @@ import contextlib
 import torch
 
 from .. import layout
-from ..errors import NotSymmetricError
+from ..errors import NotSymmetricError, TopologyError
 from .allocator import SymmetricAllocator
 from .creation import TensorFactory
 from .resources import Resources
@@ -191,5 +191,9 @@ class SymmetricHeapMixin(TensorFactory):
         self._require_symmetric(tensor, "ctx.peer_view")
         if not 0 <= peer < self.world_size:
             raise ValueError(f"peer={peer} is not a rank of this job (world size {self.world_size})")
+        if self._heaps[peer] is None:
+            raise TopologyError(f"rank {self.rank}: ctx.peer_view: rank {peer} is in another node "
+                                f"({self.topology.describe()}); its heap is not mapped here. Move data "
+                                f"between nodes with trident.ccl's collectives")
         offset = self.heap_offset(tensor)
         return self._heaps[peer][offset:].view(tensor.dtype).as_strided(tensor.shape, tensor.stride())

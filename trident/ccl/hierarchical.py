@@ -1,0 +1,148 @@
+"""The collectives when the world spans nodes: trident's kernels inside a node, torch.distributed between.
+
+A rank maps the heaps of its own node only (:mod:`trident.runtime.nodes`). With N nodes of L
+ranks (contiguous blocks, as torchrun makes them), world rank ``r = n * L + l``, each call runs:
+
+* an intra-node step with trident's kernels over the node's ranks (``ctx._hierarchy.node``, a group);
+* an inter-node step with torch.distributed over the N ranks that share local rank ``l``
+  (``ctx._hierarchy.cross``: NCCL on GPUs, gloo in the simulator).
+
+Across nodes each GPU sends only its 1/L share (all_reduce, all_gather, reduce_scatter), over
+its own NIC, in N - 1 steps instead of a flat ring's W - 1. The steps run one after the other
+(no overlap yet); data is laid out so that every step is one call on contiguous memory, with a
+local permutation where the world's rank order needs it. Intermediate buffers live in the node's
+workspace on the heap, so the intra-node kernels read them without staging. The results equal the
+flat collectives' (integers exactly; floats up to the summation order). ``all_to_all_v`` is not
+hierarchical yet: it is ``all_to_all_single`` over the world. The cost model: docs/multi-node.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from . import api as flat
+from .workspace import workspace
+
+_TORCH_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+def _parts(ctx, what: str):
+    """(node group, torch group across nodes, nodes, ranks per node), or a TopologyError."""
+    h = ctx._hierarchy
+    h.require_regular(f"trident.ccl.{what}")
+    return h.node, h.cross, len(h.topology.nodes), h.node.world_size
+
+
+def _buffer(node, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A flat heap buffer of the node's workspace (the same size on every rank: collective)."""
+    return workspace(node).buffer(f"hierarchical.{name}", numel, dtype)
+
+
+def all_reduce(ctx, tensor: torch.Tensor, op: str, algorithm: str) -> torch.Tensor:
+    """Reduce-scatter in the node, all-reduce each shard across nodes, all-gather in the node."""
+    flat._check(ctx, "all_reduce", tensor=tensor)
+    name = flat._op_name(op)
+    if algorithm not in flat.ALGORITHMS:
+        raise ValueError(f"algorithm={algorithm!r} is not one of {flat.ALGORITHMS}")
+    ctx.agree_in_debug("all_reduce", tuple(tensor.shape), tensor.dtype, name)
+    node, cross, _, size = _parts(ctx, "all_reduce")
+    n = tensor.numel()
+    chunk = -(-n // size)
+    whole = _buffer(node, "whole", chunk * size, tensor.dtype)  # padded to a multiple of the node's size
+    whole[:n].copy_(tensor.view(-1))
+    shard = _buffer(node, "shard", chunk, tensor.dtype)
+    flat.reduce_scatter(ctx, shard, whole, op=name, group=node)
+    dist.all_reduce(shard, op=_TORCH_OPS[name], group=cross)
+    flat.all_gather(ctx, whole, shard, group=node)
+    tensor.view(-1).copy_(whole[:n])
+    return tensor
+
+
+def reduce_scatter(ctx, out: torch.Tensor, inp: torch.Tensor, op: str) -> torch.Tensor:
+    """Reduce in the node the chunks bound for the same local rank anywhere, then reduce-scatter across nodes."""
+    flat._check(ctx, "reduce_scatter", out=out, inp=inp)
+    name = flat._op_name(op)
+    if inp.numel() != ctx.world_size * out.numel():
+        raise ValueError(f"rank {ctx.rank}: reduce_scatter: inp has {inp.numel()} elements, expected world_size x "
+                         f"out = {ctx.world_size} x {out.numel()}")
+    ctx.agree_in_debug("reduce_scatter", tuple(inp.shape), inp.dtype, name)
+    node, cross, nodes, size = _parts(ctx, "reduce_scatter")
+    m = out.numel()
+    # Chunk (n, l) of the world goes to local rank l of node n: group the chunks by local rank.
+    arranged = flat.input_stage(node, inp.numel(), inp.dtype).view(size, nodes, m)
+    arranged.copy_(inp.view(nodes, size, m).transpose(0, 1))
+    mine = _buffer(node, "shard", nodes * m, inp.dtype)
+    flat.reduce_scatter(ctx, mine, arranged.view(-1), op=name, group=node)
+    dist.reduce_scatter_tensor(out.view(-1), mine, op=_TORCH_OPS[name], group=cross)
+    return out
+
+
+def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+    """All-gather across nodes (each rank's part crosses once), all-gather in the node, reorder."""
+    flat._check(ctx, "all_gather", out=out, inp=inp)
+    if out.numel() != ctx.world_size * inp.numel():
+        raise ValueError(f"rank {ctx.rank}: all_gather: out has {out.numel()} elements, expected world_size x "
+                         f"inp = {ctx.world_size} x {inp.numel()} (inp shape {tuple(inp.shape)})")
+    ctx.agree_in_debug("all_gather", tuple(inp.shape), inp.dtype)
+    node, cross, nodes, size = _parts(ctx, "all_gather")
+    m = inp.numel()
+    across = _buffer(node, "shard", nodes * m, inp.dtype)  # from local rank l of every node
+    dist.all_gather_into_tensor(across, inp.reshape(-1), group=cross)
+    gathered = _buffer(node, "whole", size * nodes * m, inp.dtype)  # [local rank, node, m]
+    flat.all_gather(ctx, gathered, across, group=node)
+    out.view(nodes, size, m).copy_(gathered.view(size, nodes, m).transpose(0, 1))
+    return out
+
+
+def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+    """All-to-all in the node (to the local rank that shares the destination's local rank), then across nodes."""
+    flat._check(ctx, "all_to_all", out=out, inp=inp)
+    w = ctx.world_size
+    if inp.dim() == 0 or inp.shape[0] % w or out.shape != inp.shape:
+        raise ValueError(f"rank {ctx.rank}: all_to_all: inp {tuple(inp.shape)} needs dim 0 divisible by "
+                         f"world_size = {w}, and out {tuple(out.shape)} the same shape")
+    if flat._overlap(out, inp):
+        raise ValueError(f"rank {ctx.rank}: all_to_all: out and inp share memory; pass a separate out")
+    ctx.agree_in_debug("all_to_all", tuple(inp.shape), inp.dtype)
+    node, cross, nodes, size = _parts(ctx, "all_to_all")
+    e = inp.shape[0] // w * math.prod(inp.shape[1:])  # elements per destination rank
+    # Chunk for world rank (n, l) goes first to local rank l of this node: group chunks by local rank.
+    arranged = flat.input_stage(node, inp.numel(), inp.dtype).view(size, nodes, e)
+    arranged.copy_(inp.view(nodes, size, e).transpose(0, 1))
+    got = _buffer(node, "whole", inp.numel(), inp.dtype).view(size, nodes, e)  # [source local rank, dest node]
+    flat.all_to_all(ctx, got.view(size * nodes, e), arranged.view(size * nodes, e), group=node)
+    send = got.transpose(0, 1).contiguous()  # [dest node, source local rank]
+    dist.all_to_all_single(out.view(-1), send.view(-1), group=cross)  # out: [source node, source local rank]
+    return out
+
+
+def broadcast(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
+    """Broadcast across nodes among the ranks with ``src``'s local rank, then in each node."""
+    flat._check(ctx, "broadcast", tensor=tensor)
+    if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < ctx.world_size:
+        raise ValueError(f"rank {ctx.rank}: broadcast: src={src!r} is not a rank (world size {ctx.world_size})")
+    ctx.agree_in_debug("broadcast", tuple(tensor.shape), tensor.dtype, src)
+    node, cross, _, size = _parts(ctx, "broadcast")
+    if node.rank == src % size:
+        dist.broadcast(tensor, src=src, group=cross)
+    return flat.broadcast(ctx, tensor, src % size, group=node)
+
+
+def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits) -> torch.Tensor:
+    """Not hierarchical yet: ``torch.distributed.all_to_all_single`` over the whole world, with the
+    split sizes read on the host (device tensors of splits are copied to it: a host sync)."""
+    flat._check(ctx, "all_to_all_v", out=out, inp=inp)
+    flat._check_rows(ctx, out, inp, "all_to_all_v")
+    inner = math.prod(inp.shape[1:])
+    sizes = [torch.as_tensor(s).reshape(-1).tolist() for s in (out_splits, in_splits)]
+    for name, split, rows in (("out_splits", sizes[0], out.shape[0]), ("in_splits", sizes[1], inp.shape[0])):
+        if len(split) != ctx.world_size or sum(split) != rows or min(split) < 0:
+            raise ValueError(f"rank {ctx.rank}: all_to_all_v: {name} {split} must hold world_size = "
+                             f"{ctx.world_size} non-negative row counts summing to the {rows} rows along dim 0")
+    ctx.agree_in_debug("all_to_all_v", tuple(inp.shape[1:]), inp.dtype)
+    dist.all_to_all_single(out.view(-1), inp.reshape(-1), [r * inner for r in sizes[0]],
+                           [r * inner for r in sizes[1]])
+    return out

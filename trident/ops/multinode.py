@@ -1,0 +1,107 @@
+"""The fused ops when the world spans nodes: the fused part inside the node, torch.distributed between.
+
+With N nodes of L ranks (world rank ``r = n * L + l``, see :mod:`trident.runtime.nodes`):
+
+* ``gemm_reduce_scatter``: A's row blocks are reordered so that the blocks bound for local rank
+  ``l`` of any node come together; the fused op then runs over the node (each local rank gets
+  the node's sum of its N blocks) and a reduce-scatter across nodes (torch.distributed, the
+  ranks with the same local rank) leaves each rank its block of the world's sum.
+* ``all_gather_gemm``: an all-gather across nodes brings the rows of local rank ``l`` of every
+  node; the fused op gathers those over the node while multiplying; the rows are put back in
+  world order.
+* ``gemm_all_reduce``: the fused op over the node, an all-reduce across nodes of this local
+  rank's 1/L of the rows, an all-gather in the node.
+
+The inter-node step runs before (all_gather_gemm) or after (the others) the fused step, not
+overlapped with it. ``gemm_all_scatter``, ``all_reduce_rmsnorm``, ``moe_dispatch`` and
+``moe_combine`` refuse with :func:`refuse`: run them in a node's group. See docs/multi-node.md.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..ccl import all_gather
+from ..errors import TopologyError
+
+#: What runs when the world spans nodes (the rest of trident.ops refuses, naming these).
+ACROSS_NODES = ("gemm_reduce_scatter", "all_gather_gemm", "gemm_all_reduce")
+
+
+def refuse(ctx, name: str):
+    """The error of an op that does not run across nodes, saying what does."""
+    return TopologyError(
+        f"rank {ctx.rank}: trident.ops.{name} does not run across nodes (this job: {ctx.topology.describe()}): "
+        f"it reads and writes peers' heaps, which are mapped inside a node only. Run it inside a node, with "
+        f"group=ctx.new_group(ranks) for the ranks of one node (ctx.nodes), and move data between nodes with "
+        f"trident.ccl or torch.distributed. Across nodes trident runs the collectives of trident.ccl and "
+        f"{', '.join(ACROSS_NODES)} (hierarchically; docs/multi-node.md)")
+
+
+def _parts(ctx, name: str):
+    h = ctx._hierarchy
+    h.require_regular(f"trident.ops.{name}")
+    return h.node, h.cross, len(h.topology.nodes), h.node.world_size
+
+
+def _check_2d(ctx, name: str, **tensors) -> None:
+    for key, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"rank {ctx.rank}: {name}: {key} must be a 2-D tensor")
+
+
+def gemm_reduce_scatter(ctx, A, B, C, **options) -> torch.Tensor:
+    """``C = (sum over the world's ranks of A @ B)[my rows]``, hierarchically (see the module docstring)."""
+    from .gemm_reduce_scatter import gemm_reduce_scatter as fused
+
+    _check_2d(ctx, "gemm_reduce_scatter", A=A, B=B, C=C)
+    node, cross, nodes, size = _parts(ctx, "gemm_reduce_scatter")
+    (M, K), cols = A.shape, B.shape[1]
+    if M % ctx.world_size or C.shape != (M // ctx.world_size, cols):
+        raise ValueError(f"rank {ctx.rank}: gemm_reduce_scatter: A has {M} rows and C shape {tuple(C.shape)}; "
+                         f"expected rows divisible by world_size = {ctx.world_size} and C of "
+                         f"({M // ctx.world_size}, {cols})")
+    m = M // ctx.world_size
+    # Row block (n, l) of the world ends on local rank l of node n: group the blocks by local rank.
+    arranged = A.reshape(nodes, size, m, K).transpose(0, 1).reshape(M, K)
+    mine = torch.empty(nodes * m, cols, dtype=C.dtype, device=C.device)
+    fused(ctx, arranged, B, mine, group=node, **options)
+    out = C if C.is_contiguous() else torch.empty_like(C, memory_format=torch.contiguous_format)
+    dist.reduce_scatter_tensor(out, mine, group=cross)
+    return C if out is C else C.copy_(out)
+
+
+def all_gather_gemm(ctx, A_local, B, C, **options) -> torch.Tensor:
+    """``C = all_gather(A_local) @ B`` over the world's ranks, hierarchically (see the module docstring)."""
+    from .all_gather_gemm import all_gather_gemm as fused
+
+    _check_2d(ctx, "all_gather_gemm", A_local=A_local, B=B, C=C)
+    node, cross, nodes, size = _parts(ctx, "all_gather_gemm")
+    (m, K), cols = A_local.shape, B.shape[1]
+    if C.shape != (ctx.world_size * m, cols):
+        raise ValueError(f"rank {ctx.rank}: all_gather_gemm: C has shape {tuple(C.shape)}, expected "
+                         f"({ctx.world_size * m}, {cols})")
+    across = torch.empty(nodes * m, K, dtype=A_local.dtype, device=A_local.device)
+    dist.all_gather_into_tensor(across, A_local.contiguous(), group=cross)  # local rank l of every node
+    product = torch.empty(size * nodes * m, cols, dtype=C.dtype, device=C.device)  # [local rank, node, m]
+    fused(ctx, across, B, product, group=node, **options)
+    return C.copy_(product.view(size, nodes, m, cols).transpose(0, 1).reshape(C.shape))
+
+
+def gemm_all_reduce(ctx, A, B, C, **options) -> torch.Tensor:
+    """``C = sum over the world's ranks of A @ B``, hierarchically (see the module docstring)."""
+    from .gemm_all_reduce import gemm_all_reduce as fused
+
+    _check_2d(ctx, "gemm_all_reduce", A=A, B=B, C=C)
+    node, cross, _, size = _parts(ctx, "gemm_all_reduce")
+    fused(ctx, A, B, C, group=node, **options)  # the node's sum, on every rank of the node
+    M, cols = C.shape
+    if M % size or not C.is_contiguous():  # each local rank reduces all of C across nodes
+        flat = C.contiguous()
+        dist.all_reduce(flat, group=cross)
+        return C if flat is C else C.copy_(flat)
+    rows = C.view(size, M // size, cols)[node.rank].clone()  # my 1/L of the rows crosses nodes
+    dist.all_reduce(rows, group=cross)
+    all_gather(ctx, C.view(-1), rows.view(-1), group=node)
+    return C
