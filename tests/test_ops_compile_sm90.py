@@ -13,8 +13,7 @@ import json
 from tests.sm90_harness import compile_ptx
 from trident.ops import all_gather_gemm_kernels as AG
 from trident.ops import gemm_all_scatter_kernels as G
-from trident.ops import gemm_all_reduce_kernels as AR
-from trident.ops import gemm_reduce_scatter_kernels as RS
+from trident.ops import gemm_reduce_kernels as R
 from trident.ops.matmul import matmul_kernel
 
 BM, BN, BK = 128, 128, 64
@@ -83,26 +82,17 @@ case("all_gather_gemm gather tma=False", AG.gather_gemm_kernel,
      {"a_local": "*bf16", "a_full": "*bf16", **{k: v for k, v in agg.items() if k != "a_local"},
       "gather_programs": "i32", **sync(True), **WORLD},
      dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
-for tma in (True, False):
-    grs = {"a": ab(tma)["a"], "b": ab(tma)["b"], "slots": "*bf16"}
-    grs_sizes = {"m": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32",
+# gemm_reduce_scatter pushes each tile to its owner, gemm_all_reduce to every rank (TO_EVERY_RANK).
+for to_every_rank, op in ((False, "gemm_reduce_scatter"), (True, "gemm_all_reduce")):
+    for tma in (True, False):
+        operands = {"a": ab(tma)["a"], "b": ab(tma)["b"], "slots": "*bf16"}
+        sizes = {"rows": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32",
                  "stride_bn": "i32"}
-    case(f"gemm_reduce_scatter push tma={tma}", RS.push_kernel, {**grs, **grs_sizes, **sync(False), **WORLD},
-         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8))
-    case(f"gemm_reduce_scatter push_reduce tma={tma}", RS.push_reduce_kernel,
-         {**grs, "c": "*bf16", **grs_sizes, "gemm_programs": "i32", **sync(tma), **WORLD},
-         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8))
-for tma in (True, False):
-    gar = {"a": ab(tma)["a"], "b": ab(tma)["b"], "slots": "*bf16"}
-    gar_sizes = {"M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32",
-                 "stride_bn": "i32"}
-    kernel = AR.push_all_kernel if tma else AR.push_all_reduce_kernel
-    extra = {} if tma else {"c": "*bf16"}
-    programs = {} if tma else {"gemm_programs": "i32"}
-    case(f"gemm_all_reduce {'push_all' if tma else 'push_all_reduce'} tma={tma}", kernel,
-         {**gar, **extra, **gar_sizes, **programs, **sync(not tma), **WORLD},
-         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8))
-case("reduce_slots", RS.reduce_slots_kernel, {"slots": "*bf16", "c": "*bf16", "m": "i32", "N": "i32",
+        meta = dict(TILE, BLOCK_K=BK, USE_TMA=tma, TO_EVERY_RANK=to_every_rank, WORLD_BLOCK=8)
+        case(f"{op} push tma={tma}", R.push_kernel, {**operands, **sizes, **sync(False), **WORLD}, meta)
+        case(f"{op} push_reduce tma={tma}", R.push_reduce_kernel,
+             {**operands, "c": "*bf16", **sizes, "gemm_programs": "i32", **sync(tma), **WORLD}, meta)
+case("reduce_slots", R.reduce_slots_kernel, {"slots": "*bf16", "c": "*bf16", "m": "i32", "N": "i32",
      "world_size": "i32"}, {"BLOCK": 1024})
 print(json.dumps(results))
 '''
@@ -110,7 +100,7 @@ print(json.dumps(results))
 
 def test_ops_kernels_compile_for_sm90_with_tma_and_wgmma(tmp_path):
     results = run_child(CHILD, tmp_path)
-    assert len(results) == 20
+    assert len(results) == 22
     failed = {k: v["error"] for k, v in results.items() if not v["ok"]}
     assert not failed, failed
     for name, r in results.items():

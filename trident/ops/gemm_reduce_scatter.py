@@ -21,114 +21,36 @@ fp16 and bf16 partials travel in their dtype and are summed in fp32 (NCCL sums i
 from __future__ import annotations
 
 import torch
-import triton
 
 from ..ccl import reduce_scatter
-from ..ccl.api import input_stage
 from ..runtime.groups import team
-from ..runtime.resources import GrowingBuffer
-from . import gemm_reduce_scatter_kernels as kernels
 from . import multinode
 from .call_cache import call_key, recall, remember
-from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, comm_span, prepare_call, split_roles
-from .matmul import MatmulConfig, launch_matmul, num_programs, operands
+from .fused_call import FusedCall, OpSpec, comm_span, prepare_call
+from .gemm_reduce import GPU_COMM_PROGRAMS, check_partial_product_args, partial_product, push_and_sum, push_then_sum
+from .matmul import MatmulConfig
 from .torch_baselines import reduce_scatter_into
 
 #: ``auto``'s measured choices, as :data:`trident.ops.AUTO_TABLE` (docs/tensor-parallel-ops.md).
 #: Empty until several-GPU runs are recorded: ``auto`` runs ``baseline``.
 AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {}
-#: Reducer programs of ``workgroup_specialized`` on a GPU, when not given.
-GPU_COMM_PROGRAMS = 16
-#: Elements one program of :func:`~trident.ops.gemm_reduce_scatter_kernels.reduce_slots_kernel` sums at a time.
-REDUCE_BLOCK = 1024
-
-
-def _check_gemm_reduce_scatter_args(ctx, A, B, C, pattern, config, comm_programs) -> None:
-    """Every argument problem, raised before anything runs (the message names the rank)."""
-    where = f"rank {ctx.rank}: gemm_reduce_scatter"
-    check_pattern(ctx, where, pattern, GEMM_REDUCE_SCATTER, comm_programs)
-    check_fused_operands(ctx, where, config, A=A, B=B, C=C)
-    if A.shape[1] != B.shape[0]:
-        raise ValueError(f"{where}: K mismatch: A is {tuple(A.shape)} (M x K_local) but B is {tuple(B.shape)} "
-                         f"(K_local x N)")
-    w = ctx.world_size
-    if A.shape[0] % w:
-        raise ValueError(f"{where}: A has {A.shape[0]} rows; M must be divisible by world_size {w}")
-    want = (A.shape[0] // w, B.shape[1])
-    if tuple(C.shape) != want:
-        raise ValueError(f"{where}: C is {tuple(C.shape)}; expected (M / world_size, N) = {want}")
-    ctx.agree_in_debug("gemm_reduce_scatter", tuple(A.shape), tuple(B.shape), A.dtype, pattern)
-
-
-def _slots(call: FusedCall) -> torch.Tensor:
-    """W slots of ``m x N`` (one ``M x N`` heap buffer, kept and grown per context): rank s stores
-    its partial of my rows into my ``slots[s]``."""
-    M, N = call.A.shape[0], call.B.shape[1]
-    buffer = call.ctx.resource("ops.gemm_reduce_scatter.slots", lambda: GrowingBuffer(call.ctx))
-    return buffer.view(M * N, call.A.dtype).view(M, N)
 
 
 def _bulk_synchronous(call: FusedCall) -> None:
     """The matmul into the collectives' input buffer, then ``trident.ccl.reduce_scatter``."""
-    A, B, ctx = call.A, call.B, call.ctx
-    M, K = A.shape
-    N = B.shape[1]
-    # The partial product goes straight into the collectives' input buffer: no second copy on the heap.
-    partial = input_stage(ctx, M * N, A.dtype).view(M, N)
-    if K:
-        launch_matmul(A, B, partial, call.cfg, call.trace_ptr, ctx.rank)
-    else:
-        partial.zero_()
+    partial = partial_product(call)
     with comm_span(call.trace):
-        reduce_scatter(ctx, call.C, partial)
+        reduce_scatter(call.ctx, call.C, partial)
 
 
 def _fused_sequential(call: FusedCall) -> None:
     """One kernel pushes every partial tile into its owner's slot; a local kernel sums my slots."""
-    A, B, C, ctx, cfg = call.A, call.B, call.C, call.ctx, call.cfg
-    M, K = A.shape
-    N = B.shape[1]
-    m = M // ctx.world_size
-    slots = _slots(call)
-    sync = call.sync()
-    a, b, use_tma = operands(A, B, cfg) if K else (A, B, False)
-    tiles = ctx.world_size * triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
-    kernels.push_kernel[(num_programs(ctx.platform, tiles, cfg),)](
-        a, b, slots,
-        m, N, K,
-        A.stride(0), A.stride(1), B.stride(0), B.stride(1),
-        sync, call.trace_ptr,
-        ctx.rank, ctx.world_size, ctx.heap_bases,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        USE_TMA=use_tma, WORLD_BLOCK=call.world_block,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    programs = max(1, min(triton.cdiv(m * N, REDUCE_BLOCK), 4 * ctx.platform.sm_count))
-    kernels.reduce_slots_kernel[(programs,)](slots, C, m, N, ctx.world_size, BLOCK=REDUCE_BLOCK, num_warps=4)
+    push_then_sum(call, to_every_rank=False)
 
 
 def _workgroup_specialized(call: FusedCall) -> None:
     """One kernel: GEMM programs push tiles and flag them at the owner, reducer programs sum my tiles."""
-    A, B, C, ctx, cfg = call.A, call.B, call.C, call.ctx, call.cfg
-    M, K = A.shape
-    N = B.shape[1]
-    m = M // ctx.world_size
-    slots = _slots(call)
-    a, b, use_tma = operands(A, B, cfg) if K else (A, B, False)
-    per_shard = triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)  # my tiles, and each peer's of me
-    tiles = ctx.world_size * per_shard
-    sync = call.sync(flags=tiles)
-    # The reducers wait for the GEMM programs of every rank's launch.
-    gemm_programs, comm = split_roles(call, comm_work=per_shard, other_work=tiles)
-    kernels.push_reduce_kernel[(gemm_programs + comm,)](
-        a, b, slots, C,
-        m, N, K,
-        A.stride(0), A.stride(1), B.stride(0), B.stride(1),
-        gemm_programs,
-        sync, call.trace_ptr,
-        ctx.rank, ctx.world_size, ctx.heap_bases,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        USE_TMA=use_tma, WORLD_BLOCK=call.world_block,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    push_and_sum(call, to_every_rank=False)
 
 
 def _baseline(call: FusedCall) -> None:
@@ -180,7 +102,8 @@ def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, 
     key = call_key(ctx, GEMM_REDUCE_SCATTER, A, B, C, pattern, config, comm_programs, trace)
     call = recall(ctx, key, A, B, C)
     if call is None:  # the first call with this key: check everything, then decide
-        _check_gemm_reduce_scatter_args(ctx, A, B, C, pattern, config, comm_programs)
+        check_partial_product_args(ctx, GEMM_REDUCE_SCATTER, A, B, C, pattern, config, comm_programs,
+                                   rows_per_rank=True)
     M, K = A.shape
     N = B.shape[1]
     m = M // ctx.world_size

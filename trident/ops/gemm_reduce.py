@@ -1,0 +1,133 @@
+"""What gemm_all_reduce and gemm_reduce_scatter share: a GEMM whose product is a partial sum.
+
+Each rank holds A (M x K_local) and B (K_local x N), so ``A @ B`` is one of W partial sums of
+the M x N result. The two ops differ only in who keeps which rows of the sum: every rank all M
+rows (all-reduce), or rank r its m = M / W rows (reduce-scatter): C's rows. Their patterns are
+one set of functions here, told which by ``to_every_rank``:
+
+* :func:`partial_product`: ``bulk_synchronous``'s matmul into the collectives' input buffer
+  (the op then runs its library collective on it);
+* :func:`push_then_sum` (``fused_sequential``) and :func:`push_and_sum`
+  (``workgroup_specialized``): the kernels of :mod:`trident.ops.gemm_reduce_kernels`, which
+  store each partial tile into a slot of the rank that keeps its rows and sum the W slots there.
+
+Example::
+
+    def _fused_sequential(call):
+        push_then_sum(call, to_every_rank=True)   # gemm_all_reduce
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..ccl.api import input_stage
+from ..runtime.resources import GrowingBuffer
+from . import gemm_reduce_kernels as kernels
+from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, split_roles
+from .matmul import launch_matmul, num_programs, operands
+
+#: Reducer programs of ``workgroup_specialized`` on a GPU, when not given.
+GPU_COMM_PROGRAMS = 16
+#: Elements one program of :func:`~trident.ops.gemm_reduce_kernels.reduce_slots_kernel` sums at a time.
+REDUCE_BLOCK = 1024
+
+
+def check_partial_product_args(ctx, spec: OpSpec, A, B, C, pattern, config, comm_programs, rows_per_rank: bool) -> None:
+    """Every argument problem of a call of ``spec``, raised before anything runs (the message names the rank).
+
+    C must be ``(M, N)``, or ``(M / world_size, N)`` with ``rows_per_rank`` (M divisible by the world size).
+
+    Example::
+
+        check_partial_product_args(ctx, GEMM_REDUCE_SCATTER, A, B, C, pattern, None, None, rows_per_rank=True)
+    """
+    where = f"rank {ctx.rank}: {spec.name}"
+    check_pattern(ctx, where, pattern, spec, comm_programs)
+    check_fused_operands(ctx, where, config, A=A, B=B, C=C)
+    if A.shape[1] != B.shape[0]:
+        raise ValueError(f"{where}: K mismatch: A is {tuple(A.shape)} (M x K_local) but B is {tuple(B.shape)} "
+                         f"(K_local x N)")
+    w = ctx.world_size
+    if rows_per_rank and A.shape[0] % w:
+        raise ValueError(f"{where}: A has {A.shape[0]} rows; M must be divisible by world_size {w}")
+    want = (A.shape[0] // w if rows_per_rank else A.shape[0], B.shape[1])
+    if tuple(C.shape) != want:
+        expected = "(M / world_size, N)" if rows_per_rank else "(M, N)"
+        raise ValueError(f"{where}: C is {tuple(C.shape)}; expected {expected} = {want}")
+    ctx.agree_in_debug(spec.name, tuple(A.shape), tuple(B.shape), A.dtype, pattern)
+
+
+def partial_product(call: FusedCall) -> torch.Tensor:
+    """This rank's ``A @ B`` (M x N) in the collectives' input buffer, so that the collective run on
+    it next needs no second copy on the heap (zeros when K is 0)."""
+    A, B, ctx = call.A, call.B, call.ctx
+    M, K = A.shape
+    N = B.shape[1]
+    partial = input_stage(ctx, M * N, A.dtype).view(M, N)
+    if K:
+        launch_matmul(A, B, partial, call.cfg, call.trace_ptr, ctx.rank)
+    else:
+        partial.zero_()
+    return partial
+
+
+def _slots(call: FusedCall, rows: int) -> torch.Tensor:
+    """W slots of ``rows x N`` (one heap buffer per op, kept and grown per context): rank s stores
+    its partial of my rows into my ``slots[s]``."""
+    N, W = call.B.shape[1], call.ctx.world_size
+    buffer = call.ctx.resource(f"ops.{call.spec.name}.slots", lambda: GrowingBuffer(call.ctx))
+    return buffer.view(W * rows * N, call.A.dtype).view(W, rows, N)
+
+
+def _operands(call: FusedCall):
+    """``(a, b, use_tma)``: A and B as the kernels take them (TMA descriptors where they can be)."""
+    A, B = call.A, call.B
+    return operands(A, B, call.cfg) if A.shape[1] else (A, B, False)
+
+
+def _sizes(call: FusedCall, rows: int) -> tuple[int, ...]:
+    """The kernels' size arguments: ``rows, N, K`` and A's and B's strides."""
+    A, B = call.A, call.B
+    return rows, B.shape[1], A.shape[1], A.stride(0), A.stride(1), B.stride(0), B.stride(1)
+
+
+def push_then_sum(call: FusedCall, to_every_rank: bool) -> None:
+    """``fused_sequential``: one kernel pushes every partial tile into the slot of the rank(s) that
+    keep its rows; then a local kernel sums my W slots into C."""
+    ctx, cfg, (rows, N) = call.ctx, call.cfg, call.C.shape
+    slots = _slots(call, rows)
+    a, b, use_tma = _operands(call)
+    per_slot = triton.cdiv(rows, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
+    computed = per_slot if to_every_rank else ctx.world_size * per_slot  # the tiles of my whole product
+    kernels.push_kernel[(num_programs(ctx.platform, computed, cfg),)](
+        a, b, slots, *_sizes(call, rows),
+        call.sync(), call.trace_ptr,
+        ctx.rank, ctx.world_size, ctx.heap_bases,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank, WORLD_BLOCK=call.world_block,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    programs = max(1, min(triton.cdiv(rows * N, REDUCE_BLOCK), 4 * ctx.platform.sm_count))
+    kernels.reduce_slots_kernel[(programs,)](slots, call.C, rows, N, ctx.world_size, BLOCK=REDUCE_BLOCK, num_warps=4)
+
+
+def push_and_sum(call: FusedCall, to_every_rank: bool) -> None:
+    """``workgroup_specialized``: one kernel whose GEMM programs push tiles and flag them where they
+    stored them, and whose reducer programs sum each of my tiles of C once all W ranks flagged it."""
+    ctx, cfg, (rows, N) = call.ctx, call.cfg, call.C.shape
+    slots = _slots(call, rows)
+    a, b, use_tma = _operands(call)
+    per_slot = triton.cdiv(rows, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)  # my tiles of C, and each peer's
+    computed = per_slot if to_every_rank else ctx.world_size * per_slot
+    sync = call.sync(flags=ctx.world_size * per_slot)
+    # The reducers wait for the GEMM programs of every rank's launch.
+    gemm_programs, comm = split_roles(call, comm_work=per_slot, other_work=computed)
+    kernels.push_reduce_kernel[(gemm_programs + comm,)](
+        a, b, slots, call.C, *_sizes(call, rows),
+        gemm_programs,
+        sync, call.trace_ptr,
+        ctx.rank, ctx.world_size, ctx.heap_bases,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+        USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank, WORLD_BLOCK=call.world_block,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -1,0 +1,219 @@
+"""Kernels of the GEMM + reduction ops: each rank's ``A @ B`` is a partial sum, summed across ranks.
+
+Rank s holds A (M x K) and B (K x N), K being its shard of the inner dimension, so its product
+is a partial sum of the whole M x N result. Two ways to sum it, chosen by the constexpr
+``TO_EVERY_RANK``:
+
+* reduce-scatter (gemm_reduce_scatter, ``TO_EVERY_RANK`` off): rank r keeps rows
+  ``r*m .. r*m + m - 1`` (M = W*m) of the sum. The product is cut into W row shards of m rows,
+  each tiled on its own (:func:`~trident.ops.tiles.shard_tile`), so a tile's rows all belong to
+  one owner, and rank s stores its partial of rank r's rows into rank r's ``slots[s]``
+  (:func:`push_tiles`).
+* all-reduce (gemm_all_reduce, ``TO_EVERY_RANK`` on): every rank keeps the whole sum. The product
+  is tiled once (:func:`~trident.ops.tiles.tile_coords`) and rank s stores each tile into
+  ``slots[s]`` of *every* rank (one-shot: each tile is computed once and pushed W times;
+  :func:`push_all_tiles`).
+
+Either way each rank has a symmetric ``slots`` array (W x rows x N, C's dtype; rows = m or M) and
+sums its W slots in fp32:
+
+* :func:`push_kernel` (``fused_sequential``): one persistent kernel computes every tile and
+  pushes it; :func:`reduce_slots_kernel` then sums the slots (after the handshake of
+  :func:`~trident.ops.call_sync.finish_call`, every peer's partials have landed when the first
+  kernel ends).
+* :func:`push_reduce_kernel` (``workgroup_specialized``): GEMM programs push tiles as in
+  ``push_kernel`` and release a flag per tile where they stored it (``FLAGS[s * T + tile] =
+  epoch`` in the receiver's sync block, T tiles per slot); reducer programs acquire the W flags of
+  each of their tiles and sum it while the GEMM goes on. The roles come from the arrival ticket,
+  GEMM programs first: a reducer waits only on GEMM programs that started before it (here, or at
+  a peer, where they wait on nothing of their launch either), however few programs are resident
+  at a time.
+
+Every rank starts with the next rank and ends with itself, so at any time the ranks write to
+different peers. A ``trace_ptr`` of None turns tracing off.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import trace
+from ..device import signal, store, wait
+from .call_sync import enter_call, finish_call, flag_words, wait_peers_ready
+from .tiles import shard_tile, tile_coords, tile_dot, tile_dot_range, tile_offsets
+
+
+@triton.jit
+def push_tiles(first, step,
+               a, b, slots,
+               m, N, K,
+               stride_am, stride_ak, stride_bk, stride_bn,
+               flags_ptr, epoch, trace_ptr, rank, world_size, heap_bases,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+               USE_TMA: tl.constexpr):
+    """Tiles ``first, first + step, ...`` of my partial product, each stored into its owner's
+    ``slots[rank]``; with a ``flags_ptr`` (not None) also release the tile's flag at the owner."""
+    TRACE: tl.constexpr = trace_ptr is not None
+    per_shard = tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(first, world_size * per_shard, step):
+        t0 = trace.now_if(TRACE)
+        owner, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank + 1, BLOCK_M, BLOCK_N, GROUP_M)
+        row0 = owner * m + pid_m * BLOCK_M  # < M: an int32 (TMA coordinates are)
+        acc = tile_dot_range(a, b, row0, pid_n * BLOCK_N, world_size * m, N, K, stride_am, stride_ak, stride_bk,
+                             stride_bn, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+        trace.record(trace_ptr, trace.COMPUTE, tile, owner, t0, rank, TRACE)
+        t0 = trace.now_if(TRACE)
+        offs, mask = tile_offsets(pid_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)
+        mine = slots + tl.cast(rank, tl.int64) * m * N  # my slot, at the same offset in every rank's heap
+        store(mine + offs, acc.to(slots.dtype.element_ty), rank, owner, heap_bases, mask=mask)
+        if flags_ptr is not None:
+            signal(flags_ptr + rank * per_shard + tile % per_shard, epoch, rank, owner, heap_bases)
+        trace.record(trace_ptr, trace.COMM, tile, owner, t0, rank, TRACE)
+
+
+@triton.jit
+def push_all_tiles(first, step,
+                   a, b, slots,
+                   M, N, K,
+                   stride_am, stride_ak, stride_bk, stride_bn,
+                   flags_ptr, epoch, trace_ptr, rank, world_size, heap_bases,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                   USE_TMA: tl.constexpr):
+    """Tiles ``first, first + step, ...`` of my partial product, each stored into ``slots[rank]`` of
+    every rank; with a ``flags_ptr`` (not None) also release the tile's flag at every rank."""
+    TRACE: tl.constexpr = trace_ptr is not None
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    tiles = num_pid_m * num_pid_n
+    mine = slots + tl.cast(rank, tl.int64) * M * N  # my slot, at the same offset in every rank's heap
+    for tile in tl.range(first, tiles, step):
+        t0 = trace.now_if(TRACE)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+        trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
+        t0 = trace.now_if(TRACE)
+        offs, mask = tile_offsets(pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
+        part = acc.to(slots.dtype.element_ty)
+        for i in range(world_size):
+            peer = (rank + 1 + i) % world_size  # the next rank first, myself last
+            store(mine + offs, part, rank, peer, heap_bases, mask=mask)
+            if flags_ptr is not None:
+                signal(flags_ptr + rank * tiles + tile, epoch, rank, peer, heap_bases)
+        trace.record(trace_ptr, trace.COMM, tile, rank, t0, rank, TRACE)
+
+
+@triton.jit
+def _push(first, step,
+          a, b, slots,
+          rows, N, K,
+          stride_am, stride_ak, stride_bk, stride_bn,
+          flags_ptr, epoch, trace_ptr, rank, world_size, heap_bases,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+          USE_TMA: tl.constexpr, TO_EVERY_RANK: tl.constexpr):
+    """:func:`push_all_tiles` (``rows`` = M) or :func:`push_tiles` (``rows`` = m), as ``TO_EVERY_RANK`` says."""
+    if TO_EVERY_RANK:
+        push_all_tiles(first, step, a, b, slots, rows, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       flags_ptr, epoch, trace_ptr, rank, world_size, heap_bases,
+                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
+    else:
+        push_tiles(first, step, a, b, slots, rows, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                   flags_ptr, epoch, trace_ptr, rank, world_size, heap_bases,
+                   BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
+
+
+@triton.jit
+def sum_slots(slots, c, offs, mask, m, N, world_size):
+    """``sum over s of slots[s][offs]`` in fp32, stored into ``c + offs`` in C's dtype."""
+    acc = tl.zeros(offs.shape, tl.float32)
+    for s in range(world_size):
+        acc += tl.load(slots + tl.cast(s, tl.int64) * m * N + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def push_kernel(
+        a, b, slots,                                    # A, B (descriptors or pointers), the slots (symmetric)
+        rows, N, K,                                     # rows: of a slot (m, or M to every rank); K: my shard
+        stride_am, stride_ak, stride_bk, stride_bn,
+        sync_ptr, trace_ptr,                            # the sync block; the trace buffer or None
+        rank, world_size, heap_bases,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        USE_TMA: tl.constexpr, TO_EVERY_RANK: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+    """fused_sequential: every tile of my partial product goes into ``slots[rank]`` of its owner
+    (of every rank with ``TO_EVERY_RANK``)."""
+    epoch, _ = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
+    _push(tl.program_id(0), tl.num_programs(0),
+          a, b, slots,
+          rows, N, K,
+          stride_am, stride_ak, stride_bk, stride_bn,
+          None, epoch, trace_ptr, rank, world_size, heap_bases,  # no flags: reduce_slots_kernel runs after
+          BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, TO_EVERY_RANK)
+    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+
+
+@triton.jit
+def reduce_slots_kernel(slots, c, m, N, world_size, BLOCK: tl.constexpr):
+    """``C = sum of my W slots`` (``m x N``, contiguous), after :func:`push_kernel`."""
+    for start in tl.range(tl.program_id(0) * BLOCK, m * N, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK).to(tl.int64)
+        sum_slots(slots, c, offs, offs < m * N, m, N, world_size)
+
+
+@triton.jit
+def reduce_flagged_tiles(first, step,
+                         slots, c, rows, N,               # my W slots and C (rows x N, contiguous)
+                         flags, epoch, trace_ptr, rank, world_size, heap_bases,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+                         WORLD_BLOCK: tl.constexpr):
+    """Tiles ``first, first + step, ...`` of C: acquire the tile's flag from every rank (rank s
+    flags ``flags[s * T + tile]``, T tiles), then sum the W slots into C while later tiles are
+    still being computed (a reducer program of a ``workgroup_specialized`` kernel)."""
+    TRACE: tl.constexpr = trace_ptr is not None
+    num_pid_m = tl.cdiv(rows, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    sources = tl.arange(0, WORLD_BLOCK)
+    for tile in tl.range(first, num_pid_m * num_pid_n, step):
+        t0 = trace.now_if(TRACE)
+        wait(flags + sources * (num_pid_m * num_pid_n) + tile, epoch, rank, rank, heap_bases, cmp="ge",
+             mask=sources < world_size)
+        trace.record(trace_ptr, trace.WAIT, tile, rank, t0, rank, TRACE)
+        t0 = trace.now_if(TRACE)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        offs, mask = tile_offsets(pid_m, pid_n, rows, N, N, 1, BLOCK_M, BLOCK_N)
+        sum_slots(slots, c, offs, mask, rows, N, world_size)
+        trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
+
+
+@triton.jit
+def push_reduce_kernel(
+        a, b, slots, c,                                 # A, B (descriptors or pointers), the slots, my rows of C
+        rows, N, K,                                     # rows: of a slot (m, or M to every rank); K: my shard
+        stride_am, stride_ak, stride_bk, stride_bn,
+        gemm_programs,                                  # the first gemm_programs to arrive push, the rest reduce
+        sync_ptr, trace_ptr,                            # the sync block (its flags); the trace buffer or None
+        rank, world_size, heap_bases,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        USE_TMA: tl.constexpr, TO_EVERY_RANK: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+    """workgroup_specialized, two roles by arrival: the first ``gemm_programs`` programs to start
+    push tiles and flag them where they stored them; the later ones reduce each of my tiles once
+    all W ranks have flagged it. Reducers wait only on GEMM programs: this rank's have all
+    started, and no rank's GEMM programs wait on a reducer."""
+    epoch, arrival = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+    flags = flag_words(sync_ptr, world_size)
+    if arrival < gemm_programs:
+        wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
+        _push(arrival, gemm_programs,
+              a, b, slots,
+              rows, N, K,
+              stride_am, stride_ak, stride_bk, stride_bn,
+              flags, epoch, trace_ptr, rank, world_size, heap_bases,
+              BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, TO_EVERY_RANK)
+    else:
+        reduce_flagged_tiles(arrival - gemm_programs, tl.num_programs(0) - gemm_programs,
+                             slots, c, rows, N,
+                             flags, epoch, trace_ptr, rank, world_size, heap_bases,
+                             BLOCK_M, BLOCK_N, GROUP_M, WORLD_BLOCK)
+    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
