@@ -32,6 +32,7 @@ from ..ccl.workspace import workspace
 from ..runtime.groups import team
 from . import multinode
 from .all_reduce_rmsnorm_kernels import all_reduce_rmsnorm_kernel, num_warps
+from .fused_call import check_tensor
 
 #: Input dtypes (x, residual, weight); accumulation is fp32 for all.
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -45,22 +46,10 @@ def _fail(ctx, message: str, kind=ValueError):
     raise kind(f"rank {ctx.rank}: all_reduce_rmsnorm: {message}")
 
 
-def _check_tensor(ctx, name: str, t, dims: int) -> None:
-    if not isinstance(t, torch.Tensor):
-        _fail(ctx, f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
-    if t.device != ctx.device:
-        _fail(ctx, f"{name} is on {t.device}, expected {ctx.device}")
-    if t.dim() != dims:
-        _fail(ctx, f"{name} must have {dims} dimension{'s' if dims > 1 else ''}, got shape {tuple(t.shape)}")
-    if t.dtype not in DTYPES:
-        _fail(ctx, f"{name} has dtype {t.dtype}; expected one of bfloat16, float16, float32")
-    if not t.is_contiguous():
-        _fail(ctx, f"{name} must be contiguous (call .contiguous())")
-
-
 def _check(ctx, x, weight, eps, residual, out_dtype, scale):
-    _check_tensor(ctx, "x", x, 2)
-    _check_tensor(ctx, "weight", weight, 1)
+    where = f"rank {ctx.rank}: all_reduce_rmsnorm"
+    check_tensor(where, "x", x, ctx.device, DTYPES, dims=2)
+    check_tensor(where, "weight", weight, ctx.device, DTYPES, dims=1)
     tokens, hidden = x.shape
     if hidden == 0 or hidden > MAX_HIDDEN:
         _fail(ctx, f"x {tuple(x.shape)}: the hidden size must be between 1 and {MAX_HIDDEN}")
@@ -68,7 +57,7 @@ def _check(ctx, x, weight, eps, residual, out_dtype, scale):
         _fail(ctx, f"weight has {weight.shape[0]} elements, expected x's hidden size {hidden} "
                    f"(x {tuple(x.shape)}, weight {tuple(weight.shape)})")
     if residual is not None:
-        _check_tensor(ctx, "residual", residual, 2)
+        check_tensor(where, "residual", residual, ctx.device, DTYPES, dims=2)
         if residual.shape != x.shape:
             _fail(ctx, f"residual shape {tuple(residual.shape)} does not match x {tuple(x.shape)}")
         if residual.dtype != x.dtype:

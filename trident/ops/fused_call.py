@@ -219,6 +219,27 @@ def check_fused_operands(ctx, where: str, config, symmetric: tuple[str, ...] = (
                 raise ValueError(f"{where}: config.{name}={v} must be a power of two >= 16")
 
 
+def check_tensor(where: str, name: str, t, device, dtypes, dims: int) -> None:
+    """Raise a clear error unless ``t`` is a contiguous torch.Tensor on ``device`` with ``dims``
+    dimensions and one of ``dtypes`` (the single-tensor check of the ops that are not GEMMs).
+
+    Example::
+
+        check_tensor(f"rank {ctx.rank}: moe_dispatch", "x", x, ctx.device, (torch.bfloat16,), dims=2)
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != device:
+        raise ValueError(f"{where}: {name} is on {t.device}, expected {device}")
+    if t.dim() != dims:
+        raise ValueError(f"{where}: {name} must have {dims} dimension{'s' if dims > 1 else ''}, "
+                         f"got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"{where}: {name} has dtype {t.dtype}; expected one of {', '.join(str(d) for d in dtypes)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{where}: {name} must be contiguous (call .contiguous())")
+
+
 def check_pattern(ctx, where: str, pattern: str, spec: OpSpec, comm_programs=None) -> None:
     """Raise unless ``pattern`` is one of the op's and can run here (the NCCL baseline needs a GPU
     per rank), and ``comm_programs`` is None or a positive int.

@@ -37,6 +37,7 @@ from ..faults import describe_capacity_fault
 from ..runtime.groups import Group, team
 from . import multinode
 from .call_sync import sync_block
+from .fused_call import check_tensor
 from .moe_kernels import STATUS_NEEDED, STATUS_WORDS, STATUS_WORST, moe_combine_kernel, moe_dispatch_kernel
 
 #: Token dtypes ``moe_dispatch`` moves (bits, unchanged: fp8 is passed through, not requantised).
@@ -121,19 +122,6 @@ def _fail(where: str, message: str, kind=ValueError):
     raise kind(f"{where}: {message}")
 
 
-def _check_tensor(ctx, where: str, name: str, t, dtypes, dims: int = 2) -> None:
-    if not isinstance(t, torch.Tensor):
-        _fail(where, f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
-    if t.device != ctx.device:
-        _fail(where, f"{name} is on {t.device}, expected {ctx.device}")
-    if t.dim() != dims:
-        _fail(where, f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
-    if t.dtype not in dtypes:
-        _fail(where, f"{name} has dtype {t.dtype}; expected one of {', '.join(str(d) for d in dtypes)}")
-    if not t.is_contiguous():
-        _fail(where, f"{name} must be contiguous (call .contiguous())")
-
-
 def _check_int(where: str, name: str, value, low: int, optional: bool = True) -> None:
     if value is None and optional:
         return
@@ -142,8 +130,8 @@ def _check_int(where: str, name: str, value, low: int, optional: bool = True) ->
 
 
 def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, capacity, x_scales) -> None:
-    _check_tensor(ctx, where, "x", x, X_DTYPES)
-    _check_tensor(ctx, where, "topk_idx", topk_idx, (torch.int64,))
+    check_tensor(where, "x", x, ctx.device, X_DTYPES, dims=2)
+    check_tensor(where, "topk_idx", topk_idx, ctx.device, (torch.int64,), dims=2)
     tokens, hidden = x.shape
     if topk_idx.shape[0] != tokens or topk_idx.shape[1] < 1:
         _fail(where, f"topk_idx {tuple(topk_idx.shape)} must be [T, k] with x's T={tokens} and k >= 1")
@@ -163,7 +151,7 @@ def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, c
         return
     if x_scales is None:
         _fail(where, "float8_e4m3fn tokens need x_scales [T, H/128] float32 (they travel with their rows)")
-    _check_tensor(ctx, where, "x_scales", x_scales, (torch.float32,))
+    check_tensor(where, "x_scales", x_scales, ctx.device, (torch.float32,), dims=2)
     if hidden % SCALE_BLOCK or tuple(x_scales.shape) != (tokens, hidden // SCALE_BLOCK):
         _fail(where, f"x_scales {tuple(x_scales.shape)} must be [T, H/{SCALE_BLOCK}] = "
                      f"[{tokens}, {hidden / SCALE_BLOCK:g}] for x {tuple(x.shape)} (H a multiple of {SCALE_BLOCK})")
@@ -311,8 +299,9 @@ def moe_combine(ctx, expert_out: torch.Tensor, topk_weights: torch.Tensor, d: Mo
     if d._call != ctx.resource(_STATE_KEY, _State).calls:
         _fail(where, "d is not the latest moe_dispatch on this context: a later dispatch has reused its receive "
                      "buffers. Combine each dispatch before the next one", TridentError)
-    _check_tensor(ctx, where, "expert_out", expert_out, OUT_DTYPES)
-    _check_tensor(ctx, where, "topk_weights", topk_weights, (torch.float32, torch.bfloat16, torch.float16))
+    check_tensor(where, "expert_out", expert_out, ctx.device, OUT_DTYPES, dims=2)
+    check_tensor(where, "topk_weights", topk_weights, ctx.device, (torch.float32, torch.bfloat16, torch.float16),
+                 dims=2)
     if expert_out.shape[0] != d.capacity:
         _fail(where, f"expert_out {tuple(expert_out.shape)} must have d.capacity={d.capacity} rows "
                      f"(one per row of d.recv_x)")
