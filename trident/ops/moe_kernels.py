@@ -106,6 +106,17 @@ def _plan(topk_ptr, tokens, k,
 
 
 @triton.jit
+def _store_to_choices(dst_ptr, width, offs, values, mask, jj, keep, slots, dests, k, rank, heap_bases):
+    """For each kept choice j of one token, store ``values`` at ``offs`` of row ``slots[j]`` (``width``
+    words a row) of rank ``dests[j]``'s ``dst`` (a token's row piece, or its scales)."""
+    for j in range(k):
+        if tl.sum(tl.where(jj == j, keep.to(tl.int32), 0)) > 0:
+            slot = tl.sum(tl.where(jj == j, slots, 0))
+            dest = tl.sum(tl.where(jj == j, dests, 0))
+            store(dst_ptr + slot * width + offs, values, rank, dest, heap_bases, mask=mask)
+
+
+@triton.jit
 def _send_rows(x_ptr, scales_ptr, topk_ptr, tokens, me,
                recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, cursor_ptr,
                row_words, scale_words, k, experts_local, max_tokens, capacity,
@@ -129,20 +140,13 @@ def _send_rows(x_ptr, scales_ptr, topk_ptr, tokens, me,
             offs = c + cols
             in_row = offs < row_words
             row = tl.load(x_ptr + t64 * row_words + offs, mask=in_row)
-            for j in range(k):
-                if tl.sum(tl.where(jj == j, keep.to(tl.int32), 0)) > 0:
-                    slot = tl.sum(tl.where(jj == j, slots, 0))
-                    dest = tl.sum(tl.where(jj == j, dests, 0))
-                    store(recv_x_ptr + slot * row_words + offs, row, rank, dest, heap_bases, mask=in_row)
+            _store_to_choices(recv_x_ptr, row_words, offs, row, in_row, jj, keep, slots, dests, k, rank, heap_bases)
         if scales_ptr is not None:
             scols = tl.arange(0, BLOCK_S)
             in_scales = scols < scale_words
             scale = tl.load(scales_ptr + t64 * scale_words + scols, mask=in_scales)
-            for j in range(k):
-                if tl.sum(tl.where(jj == j, keep.to(tl.int32), 0)) > 0:
-                    slot = tl.sum(tl.where(jj == j, slots, 0))
-                    dest = tl.sum(tl.where(jj == j, dests, 0))
-                    store(recv_scales_ptr + slot * scale_words + scols, scale, rank, dest, heap_bases, mask=in_scales)
+            _store_to_choices(recv_scales_ptr, scale_words, scols, scale, in_scales, jj, keep, slots, dests, k,
+                              rank, heap_bases)
 
 
 @triton.jit
