@@ -6,6 +6,7 @@ right too. Each task destroys its torch groups before it ends (the pool frees th
 the slots reserved for torch groups included).
 """
 
+import contextlib
 import pathlib
 
 import pytest
@@ -30,6 +31,19 @@ def _destroy(*groups):
             dist.destroy_process_group(g)
 
 
+@contextlib.contextmanager
+def _world_group(ctx):
+    """A trident torch group of the whole world (its slots reserved first), destroyed at the end."""
+    import trident
+
+    trident.dist_backend.reserve(ctx, groups=2, group_bytes=SLOT)
+    g = dist.new_group(list(range(ctx.world_size)), backend="trident")
+    try:
+        yield g
+    finally:
+        _destroy(g)
+
+
 def _value(rank, n, dtype, salt=0):
     return (torch.arange(n, dtype=torch.float64) * (rank + 1) + salt + 3 * rank).to(dtype)
 
@@ -37,9 +51,7 @@ def _value(rank, n, dtype, salt=0):
 def _collectives_body(ctx):
     import trident
 
-    trident.dist_backend.reserve(ctx, groups=2, group_bytes=SLOT)
-    g = dist.new_group(list(range(ctx.world_size)), backend="trident")
-    try:
+    with _world_group(ctx) as g:
         w, r, dev = ctx.world_size, ctx.rank, ctx.device
         assert isinstance(g, trident.dist_backend.TridentProcessGroup), type(g)
         for dtype in (torch.float32, torch.int32):
@@ -69,8 +81,6 @@ def _collectives_body(ctx):
         work = dist.all_reduce(torch.ones(4, device=dev), group=g, async_op=True)
         work.wait()
         return dict(g.counts)
-    finally:
-        _destroy(g)
 
 
 def test_every_collective_runs_on_trident_and_matches_torch():
@@ -79,11 +89,8 @@ def test_every_collective_runs_on_trident_and_matches_torch():
 
 
 def _fallback_body(ctx):
-    import trident
 
-    trident.dist_backend.reserve(ctx, groups=2, group_bytes=SLOT)
-    g = dist.new_group(list(range(ctx.world_size)), backend="trident")
-    try:
+    with _world_group(ctx) as g:
         w, r, dev = ctx.world_size, ctx.rank, ctx.device
         parts = [torch.empty(6, device=dev) for _ in range(w)]
         dist.all_gather(parts, _value(r, 6, torch.float32).to(dev), group=g)  # a list: not trident's
@@ -102,8 +109,6 @@ def _fallback_body(ctx):
         dist.all_reduce(big, group=g)
         assert int(big.cpu().min()) == w
         return dict(g.counts)
-    finally:
-        _destroy(g)
 
 
 def test_what_trident_does_not_run_falls_back_and_is_right():
@@ -112,11 +117,8 @@ def test_what_trident_does_not_run_falls_back_and_is_right():
 
 
 def _ddp_body(ctx):
-    import trident
 
-    trident.dist_backend.reserve(ctx, groups=2, group_bytes=SLOT)
-    g = dist.new_group(list(range(ctx.world_size)), backend="trident")
-    try:
+    with _world_group(ctx) as g:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(ctx.device)
         batches = [torch.randn(5, 8, generator=torch.Generator().manual_seed(100 + p)) for p in range(ctx.world_size)]
@@ -135,8 +137,6 @@ def _ddp_body(ctx):
         for got, ref in zip((p.grad for p in model.parameters()), want):
             assert torch.allclose(got, ref, atol=1e-6, rtol=1e-5), (got - ref).abs().max()
         return dict(g.counts)
-    finally:
-        _destroy(g)
 
 
 def test_ddp_style_gradient_all_reduce():
