@@ -61,9 +61,17 @@ def pytest_configure(config):
         _MPS.append(daemon)
 
 
+#: The modules that take longest on the GPU (the suite run of 2026-12-03): under pytest-xdist they start
+#: first, so that none of them is still running alone at the end while the other workers idle.
+SLOW_FIRST = ("test_examples.py", "test_stress.py", "test_compile_sm90.py", "test_ops_compile_sm90.py",
+              "test_ccl.py", "test_progress.py", "test_compile_ccl.py", "test_bench.py")
+
+
 def pytest_collection_modifyitems(config, items):
     if not config.getoption("--mps"):
         return
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     workers = config.workerinput["workercount"] if hasattr(config, "workerinput") else _xdist_workers(config)
     if workers <= 1:
         return

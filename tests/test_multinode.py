@@ -44,27 +44,34 @@ def test_a_rank_pool_takes_logical_nodes():
 
 
 def _collectives(ctx):
-    import trident
 
     w, r = ctx.world_size, ctx.rank
     got = {}
-    for _ in range(2):  # the second call of each may take a cached path: the same results
-        x = torch.arange(7, dtype=torch.int32) * (r + 1)  # 7: not a multiple of any node's size
-        got["all_reduce"] = trident.ccl.all_reduce(ctx, x).tolist()
-        y = ctx.full((5,), float(r))
-        got["all_reduce_max"] = trident.ccl.all_reduce(ctx, y, op="max").tolist()
-        got["all_gather"] = trident.ccl.all_gather(ctx, torch.empty(w * 3), torch.full((3,), float(r))).tolist()
-        inp = torch.arange(w * 2, dtype=torch.int64) * (r + 1)
-        got["reduce_scatter"] = trident.ccl.reduce_scatter(ctx, torch.empty(2, dtype=torch.int64), inp).tolist()
-        send = (r * 100 + torch.arange(w)).repeat_interleave(2).view(w * 2, 1).expand(w * 2, 3).contiguous()
-        got["all_to_all"] = trident.ccl.all_to_all(ctx, torch.empty_like(send), send)[:, 0].tolist()
-        b = torch.full((4,), float(r))
-        got["broadcast"] = trident.ccl.broadcast(ctx, b, src=w - 1).tolist()
-        sizes = [(r + p) % 2 + 1 for p in range(w)]  # what I send to p; p sends me the same count
-        rows = torch.cat([torch.full((n, 2), r * 100 + p) for p, n in enumerate(sizes)])
-        got["all_to_all_v"] = trident.ccl.all_to_all_v(ctx, torch.empty(sum(sizes), 2, dtype=rows.dtype), rows,
-                                                       out_splits=sizes, in_splits=sizes)[:, 0].tolist()
+    with torch.device(ctx.device):  # plain tensors on the rank's device
+        for _ in range(2):
+            _collective_round(ctx, w, r, got)
     return got
+
+
+def _collective_round(ctx, w, r, got):
+    """One call of each collective into ``got`` (the second round may take cached paths: the same results)."""
+    import trident
+
+    x = torch.arange(7, dtype=torch.int32) * (r + 1)  # 7: not a multiple of any node's size
+    got["all_reduce"] = trident.ccl.all_reduce(ctx, x).tolist()
+    y = ctx.full((5,), float(r))
+    got["all_reduce_max"] = trident.ccl.all_reduce(ctx, y, op="max").tolist()
+    got["all_gather"] = trident.ccl.all_gather(ctx, torch.empty(w * 3), torch.full((3,), float(r))).tolist()
+    inp = torch.arange(w * 2, dtype=torch.int64) * (r + 1)
+    got["reduce_scatter"] = trident.ccl.reduce_scatter(ctx, torch.empty(2, dtype=torch.int64), inp).tolist()
+    send = (r * 100 + torch.arange(w)).repeat_interleave(2).view(w * 2, 1).expand(w * 2, 3).contiguous()
+    got["all_to_all"] = trident.ccl.all_to_all(ctx, torch.empty_like(send), send)[:, 0].tolist()
+    b = torch.full((4,), float(r))
+    got["broadcast"] = trident.ccl.broadcast(ctx, b, src=w - 1).tolist()
+    sizes = [(r + p) % 2 + 1 for p in range(w)]  # what I send to p; p sends me the same count
+    rows = torch.cat([torch.full((n, 2), r * 100 + p) for p, n in enumerate(sizes)])
+    got["all_to_all_v"] = trident.ccl.all_to_all_v(ctx, torch.empty(sum(sizes), 2, dtype=rows.dtype), rows,
+                                                   out_splits=sizes, in_splits=sizes)[:, 0].tolist()
 
 
 @pytest.mark.parametrize("world", LAYOUTS)
@@ -117,7 +124,7 @@ def _groups_and_peers(ctx):
     })
     # A group inside each node works as on one node.
     mine = [g for g in (ctx.new_group(ranks) for ranks in ctx.nodes) if g is not None][0]
-    x = torch.full((3,), float(ctx.rank))
+    x = torch.full((3,), float(ctx.rank), device=ctx.device)
     trident.ccl.all_reduce(ctx, x, group=mine)
     return refused, x.tolist()
 
@@ -130,11 +137,17 @@ def test_groups_live_in_one_node_and_mixed_ones_are_refused():
 
 
 def _fused(ctx):
-    import trident
 
     w, r, gen = ctx.world_size, ctx.rank, torch.Generator().manual_seed(7)
-    A = [torch.randn(2 * w, 8, generator=gen) for _ in range(w)]  # every rank's A (K sharded: 8 columns each)
-    B = [torch.randn(8, 4, generator=gen) for _ in range(w)]
+    A = [torch.randn(2 * w, 8, generator=gen).to(ctx.device) for _ in range(w)]  # every rank's A (K sharded)
+    B = [torch.randn(8, 4, generator=gen).to(ctx.device) for _ in range(w)]
+    with torch.device(ctx.device):
+        return _fused_on_device(ctx, w, r, A, B)
+
+
+def _fused_on_device(ctx, w, r, A, B):
+    import trident
+
     rs = trident.ops.gemm_reduce_scatter(ctx, A[r], B[r], torch.empty(2, 4), pattern="fused_sequential")
     ag = trident.ops.all_gather_gemm(ctx, A[r][:2].contiguous(), B[r], torch.empty(2 * w, 4),
                                      pattern="fused_sequential")
@@ -146,14 +159,15 @@ def _fused(ctx):
         "moe_dispatch": lambda: trident.ops.moe_dispatch(ctx, torch.zeros(2, 4), torch.zeros(2, 1, dtype=torch.int64),
                                                          num_experts=w, max_tokens_per_rank=2),
     })
-    return [(rs - total[2 * r:2 * r + 2]).abs().max().item(), (ag - gathered).abs().max().item(),
-            (ar - total).abs().max().item()], refused
+    scale = total.abs().max().item()  # relative errors: a GPU runs fp32 GEMMs in TF32
+    return [(rs - total[2 * r:2 * r + 2]).abs().max().item() / scale, (ag - gathered).abs().max().item() / scale,
+            (ar - total).abs().max().item() / scale], refused
 
 
 @pytest.mark.parametrize("world", LAYOUTS)
 def test_the_split_fused_ops_across_two_nodes_give_the_flat_result(world):
     for errors, refused in nodes_pool(world).run(_fused):
-        assert max(errors) < 1e-4, errors
+        assert max(errors) < 5e-3, errors
         for name, message in refused.items():
             assert f"trident.ops.{name} does not run across nodes" in message, message
             assert "gemm_reduce_scatter, all_gather_gemm, gemm_all_reduce" in message, message
@@ -162,7 +176,7 @@ def test_the_split_fused_ops_across_two_nodes_give_the_flat_result(world):
 _SCRIPT = """
 import torch, trident
 ctx = trident.init(heap_size=1 << 24)
-x = torch.full((3,), float(ctx.rank))
+x = torch.full((3,), float(ctx.rank), device=ctx.device)
 trident.ccl.all_reduce(ctx, x)
 print(f"rank {ctx.rank} node {ctx.node} local {ctx.local_rank} sum {x[0].item():g}", flush=True)
 ctx.close()
@@ -185,3 +199,31 @@ def test_trident_run_splits_the_ranks_into_logical_nodes(tmp_path):
     refused = subprocess.run([sys.executable, "-m", "trident", "run", "-n", "3", "--nodes", "2", str(script)],
                              env=script_env(), capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "--nodes 2 must be at least 1 and divide -n 3" in refused.stderr
+
+
+def _through_the_host(ctx):
+    from trident.runtime.nodes import CrossNodes
+
+    w, r = ctx.world_size, ctx.rank
+    world = CrossNodes(None, shares_gpu=True)  # as when logical nodes share one GPU: gloo, host copies
+    x = torch.full((3,), r + 0.5, dtype=torch.bfloat16, device=ctx.device)
+    world.all_reduce(x)
+    shard = torch.empty(2, dtype=torch.float16, device=ctx.device)
+    world.reduce_scatter(shard, torch.arange(2 * w, dtype=torch.float16, device=ctx.device))
+    gathered = torch.empty(w, dtype=torch.int32, device=ctx.device)
+    world.all_gather(gathered, torch.tensor([r * 10], dtype=torch.int32, device=ctx.device))
+    swapped = torch.empty(w, dtype=torch.int64, device=ctx.device)
+    world.all_to_all(swapped, r * 100 + torch.arange(w, device=ctx.device))
+    b = torch.full((2,), float(r), device=ctx.device)
+    world.broadcast(b, src=w - 1)
+    return x.tolist(), shard.tolist(), gathered.tolist(), swapped.tolist(), b.tolist()
+
+
+def test_a_torch_group_whose_ranks_share_a_gpu_runs_through_the_host():
+    # NCCL refuses two ranks on one GPU: logical nodes on one machine take gloo through host copies.
+    w = 3
+    for r, (x, shard, gathered, swapped, b) in enumerate(get_pool(w).run(_through_the_host)):
+        assert x == [sum(p + 0.5 for p in range(w))] * 3  # bf16 summed in fp32 on the host
+        assert shard == [float(w * (2 * r + i)) for i in range(2)]
+        assert gathered == [p * 10 for p in range(w)] and swapped == [p * 100 + r for p in range(w)]
+        assert b == [float(w - 1)] * 2

@@ -72,7 +72,8 @@ class Step:
 
 def pytest(name: str, *args: str, limit: int) -> Step:
     """A pytest run on the cuda backend (ranks share the GPUs when a test needs more ranks than there are)."""
-    return Step(name, ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--backend", "cuda", "-rs",
+    # -v: a run cut short by its time limit still names every test that ran and how it ended.
+    return Step(name, ("{py}", "-m", "pytest", "-v", "-p", "no:cacheprovider", "--backend", "cuda", "-rfEs",
                        "--durations=10", "-o", "timeout=200", *args), limit)
 
 
@@ -119,8 +120,8 @@ SUITES: dict[str, list[Step]] = {
     # Ranks concurrent under MPS, each its share of the SMs; four pytest-xdist workers (whole modules each).
     # Tests that must run alone run last, serially (tests/conftest.py: those that kill ranks, since a fatal
     # GPU error under MPS reaches every client of the daemon, and those that measure the whole GPU).
-    "gpu-tests": [INFO, pytest("pytest_cuda", "--mps", *XDIST, "-m", "not (kills_ranks or device_wide)", limit=420),
-                  pytest("pytest_cuda_alone", "--mps", "-m", "kills_ranks or device_wide", limit=180)],
+    "gpu-tests": [INFO, pytest("pytest_cuda", "--mps", *XDIST, "-m", "not (kills_ranks or device_wide)", limit=440),
+                  pytest("pytest_cuda_alone", "--mps", "-m", "kills_ranks or device_wide", limit=150)],
     # trident.ops.matmul against torch.matmul (cuBLAS): bf16 with the sweep of candidate configs, fp16 the table's.
     "gpu-gemm": [INFO, bench("gemm_bf16", "gemm", 1, "--sweep", "--dtype", "bfloat16", limit=420),
                  bench("gemm_fp16", "gemm", 1, "--dtype", "float16", limit=120)],

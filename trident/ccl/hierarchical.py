@@ -55,7 +55,7 @@ def all_reduce(ctx, tensor: torch.Tensor, op: str, algorithm: str) -> torch.Tens
     whole[:n].copy_(tensor.view(-1))
     shard = _buffer(node, "shard", chunk, tensor.dtype)
     flat.reduce_scatter(ctx, shard, whole, op=name, group=node)
-    dist.all_reduce(shard, op=_TORCH_OPS[name], group=cross)
+    cross.all_reduce(shard, _TORCH_OPS[name])
     flat.all_gather(ctx, whole, shard, group=node)
     tensor.view(-1).copy_(whole[:n])
     return tensor
@@ -76,7 +76,7 @@ def reduce_scatter(ctx, out: torch.Tensor, inp: torch.Tensor, op: str) -> torch.
     arranged.copy_(inp.view(nodes, size, m).transpose(0, 1))
     mine = _buffer(node, "shard", nodes * m, inp.dtype)
     flat.reduce_scatter(ctx, mine, arranged.view(-1), op=name, group=node)
-    dist.reduce_scatter_tensor(out.view(-1), mine, op=_TORCH_OPS[name], group=cross)
+    cross.reduce_scatter(out.view(-1), mine, _TORCH_OPS[name])
     return out
 
 
@@ -90,7 +90,7 @@ def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
     node, cross, nodes, size = _parts(ctx, "all_gather")
     m = inp.numel()
     across = _buffer(node, "shard", nodes * m, inp.dtype)  # from local rank l of every node
-    dist.all_gather_into_tensor(across, inp.reshape(-1), group=cross)
+    cross.all_gather(across, inp.reshape(-1))
     gathered = _buffer(node, "whole", size * nodes * m, inp.dtype)  # [local rank, node, m]
     flat.all_gather(ctx, gathered, across, group=node)
     out.view(nodes, size, m).copy_(gathered.view(size, nodes, m).transpose(0, 1))
@@ -115,7 +115,7 @@ def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
     got = _buffer(node, "whole", inp.numel(), inp.dtype).view(size, nodes, e)  # [source local rank, dest node]
     flat.all_to_all(ctx, got.view(size * nodes, e), arranged.view(size * nodes, e), group=node)
     send = got.transpose(0, 1).contiguous()  # [dest node, source local rank]
-    dist.all_to_all_single(out.view(-1), send.view(-1), group=cross)  # out: [source node, source local rank]
+    cross.all_to_all(out.view(-1), send.view(-1))  # out: [source node, source local rank]
     return out
 
 
@@ -127,7 +127,7 @@ def broadcast(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
     ctx.agree_in_debug("broadcast", tuple(tensor.shape), tensor.dtype, src)
     node, cross, _, size = _parts(ctx, "broadcast")
     if node.rank == src % size:
-        dist.broadcast(tensor, src=src, group=cross)
+        cross.broadcast(tensor, src)
     return flat.broadcast(ctx, tensor, src % size, group=node)
 
 
@@ -143,6 +143,6 @@ def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_split
             raise ValueError(f"rank {ctx.rank}: all_to_all_v: {name} {split} must hold world_size = "
                              f"{ctx.world_size} non-negative row counts summing to the {rows} rows along dim 0")
     ctx.agree_in_debug("all_to_all_v", tuple(inp.shape[1:]), inp.dtype)
-    dist.all_to_all_single(out.view(-1), inp.reshape(-1), [r * inner for r in sizes[0]],
-                           [r * inner for r in sizes[1]])
+    ctx._hierarchy.world.all_to_all(out.view(-1), inp.reshape(-1), [r * inner for r in sizes[0]],
+                                    [r * inner for r in sizes[1]])
     return out

@@ -20,7 +20,6 @@ overlapped with it. ``gemm_all_scatter``, ``all_reduce_rmsnorm``, ``moe_dispatch
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ..ccl import all_gather
 from ..errors import TopologyError
@@ -68,7 +67,7 @@ def gemm_reduce_scatter(ctx, A, B, C, **options) -> torch.Tensor:
     mine = torch.empty(nodes * m, cols, dtype=C.dtype, device=C.device)
     fused(ctx, arranged, B, mine, group=node, **options)
     out = C if C.is_contiguous() else torch.empty_like(C, memory_format=torch.contiguous_format)
-    dist.reduce_scatter_tensor(out, mine, group=cross)
+    cross.reduce_scatter(out, mine)
     return C if out is C else C.copy_(out)
 
 
@@ -83,7 +82,7 @@ def all_gather_gemm(ctx, A_local, B, C, **options) -> torch.Tensor:
         raise ValueError(f"rank {ctx.rank}: all_gather_gemm: C has shape {tuple(C.shape)}, expected "
                          f"({ctx.world_size * m}, {cols})")
     across = torch.empty(nodes * m, K, dtype=A_local.dtype, device=A_local.device)
-    dist.all_gather_into_tensor(across, A_local.contiguous(), group=cross)  # local rank l of every node
+    cross.all_gather(across, A_local.contiguous())  # local rank l of every node
     product = torch.empty(size * nodes * m, cols, dtype=C.dtype, device=C.device)  # [local rank, node, m]
     fused(ctx, across, B, product, group=node, **options)
     return C.copy_(product.view(size, nodes, m, cols).transpose(0, 1).reshape(C.shape))
@@ -99,9 +98,9 @@ def gemm_all_reduce(ctx, A, B, C, **options) -> torch.Tensor:
     M, cols = C.shape
     if M % size or not C.is_contiguous():  # each local rank reduces all of C across nodes
         flat = C.contiguous()
-        dist.all_reduce(flat, group=cross)
+        cross.all_reduce(flat)
         return C if flat is C else C.copy_(flat)
     rows = C.view(size, M // size, cols)[node.rank].clone()  # my 1/L of the rows crosses nodes
-    dist.all_reduce(rows, group=cross)
+    cross.all_reduce(rows)
     all_gather(ctx, C.view(-1), rows.view(-1), group=node)
     return C

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pickle
 
 import torch
-import torch.distributed as dist
 
 from ..errors import DivergenceError
 
@@ -58,7 +57,7 @@ def _broadcast_tensor(ctx, tensor: torch.Tensor, src: int, everyone: list) -> to
         return tensor
     if ctx.topology.spans_nodes:  # no heap path between nodes: torch.distributed's default group
         buf = tensor.contiguous()
-        dist.broadcast(buf, src)
+        ctx._hierarchy.world.broadcast(buf, src)
         return tensor if buf is tensor else tensor.copy_(buf)
     # Read straight from src's heap when every rank's tensor is the same symmetric tensor;
     # otherwise src stages its data in a temporary symmetric tensor.

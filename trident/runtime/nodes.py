@@ -146,14 +146,20 @@ class Hierarchy:
             if g is not None:
                 node = NodeTeam(ctx, g.ranks, g._region, ctx.heap_offset(g._region), g.group_name)
         self.node = node
+        gpus = _gpu_identities(ctx)
+
+        def shared(ranks) -> bool:
+            return ctx.device.type == "cuda" and len({gpus[r] for r in ranks}) < len(ranks)
+
+        # The whole world between nodes (ctx.broadcast, all_to_all_v).
+        self.world = CrossNodes(None, shares_gpu=shared(range(ctx.world_size)))
         self.cross = self.cross_ranks = None
         if topology.regular:  # torch's new_group is collective too: every rank makes each, in one order
-            size = len(topology.nodes[0])
-            for local in range(size):
+            for local in range(len(topology.nodes[0])):
                 ranks = [ranks[local] for ranks in topology.nodes]
-                g = dist.new_group(ranks)
+                cross = CrossNodes(ranks, shares_gpu=shared(ranks))
                 if local == topology.local_rank:
-                    self.cross, self.cross_ranks = g, ranks
+                    self.cross, self.cross_ranks = cross, ranks
 
     def require_regular(self, what: str) -> None:
         """Raise unless the nodes are equal blocks of contiguous ranks."""
@@ -166,9 +172,67 @@ class Hierarchy:
         (torch.distributed, stream-ordered on NCCL), then the node again."""
         self.require_regular("ctx.device_barrier")
         self.node.device_barrier()
-        flag = self.node.ctx.heap_bases.new_zeros(1)
-        dist.all_reduce(flag, group=self.cross)
+        self.cross.all_reduce(self.node.ctx.heap_bases.new_zeros(1))
         self.node.device_barrier()
+
+
+def _gpu_identities(ctx) -> list[str]:
+    """Every rank's GPU as ``host/uuid`` (its device in the simulator), in rank order (collective)."""
+    mine = str(ctx.device)
+    if ctx.device.type == "cuda":
+        mine = str(torch.cuda.get_device_properties(ctx.device).uuid)
+    return [v.decode() for v in ctx._rendezvous.all_gather("gpu identity", f"{socket.gethostname()}/{mine}".encode())]
+
+
+class CrossNodes:
+    """A torch.distributed group between nodes (the inter-node step), with the calls trident makes on it.
+
+    NCCL runs it where each member has a GPU of its own. Where members share a GPU (logical nodes on
+    one machine), NCCL refuses ("Duplicate GPU detected"): the group is gloo's, and every call goes
+    through host copies (half precision summed in fp32 on the host). Slow, but the same results, so
+    multi-node code is tested on one GPU; a real cluster never takes that path.
+
+    Args:
+        ranks: the members' world ranks (None: the whole world's default group).
+        shares_gpu: whether two members share a GPU.
+    """
+
+    def __init__(self, ranks, shares_gpu: bool):
+        self.shares_gpu = shares_gpu
+        if ranks is None:
+            self.group = dist.new_group(backend="gloo") if shares_gpu else None
+        else:
+            self.group = dist.new_group(ranks, backend="gloo" if shares_gpu else None)
+
+    def _run(self, call, out, inp=None, reduce: bool = False) -> None:
+        """``call(out, inp)`` on the group (``inp`` None: in place); through the host where members share a GPU."""
+        if not self.shares_gpu:
+            call(out, out if inp is None else inp)
+            return
+        dtype = torch.float32 if reduce and out.dtype in (torch.float16, torch.bfloat16) else out.dtype
+        host_out = out.to("cpu", dtype)  # a copy: in-place calls read it
+        call(host_out, host_out if inp is None else inp.to("cpu", dtype))
+        out.copy_(host_out)
+
+    def all_reduce(self, tensor, op=dist.ReduceOp.SUM):
+        """``dist.all_reduce`` of ``tensor``, in place."""
+        self._run(lambda o, i: dist.all_reduce(o, op=op, group=self.group), tensor, reduce=True)
+
+    def reduce_scatter(self, out, inp, op=dist.ReduceOp.SUM):
+        """``dist.reduce_scatter_tensor(out, inp)``."""
+        self._run(lambda o, i: dist.reduce_scatter_tensor(o, i, op=op, group=self.group), out, inp, reduce=True)
+
+    def all_gather(self, out, inp):
+        """``dist.all_gather_into_tensor(out, inp)``."""
+        self._run(lambda o, i: dist.all_gather_into_tensor(o, i, group=self.group), out, inp)
+
+    def all_to_all(self, out, inp, out_splits=None, in_splits=None):
+        """``dist.all_to_all_single(out, inp, out_splits, in_splits)``."""
+        self._run(lambda o, i: dist.all_to_all_single(o, i, out_splits, in_splits, group=self.group), out, inp)
+
+    def broadcast(self, tensor, src: int):
+        """``dist.broadcast`` of ``tensor`` from world rank ``src``, in place."""
+        self._run(lambda o, i: dist.broadcast(o, src=src, group=self.group), tensor)
 
 
 class NodeTeam(Group):
