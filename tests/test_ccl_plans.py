@@ -95,6 +95,27 @@ def test_a_growing_buffer_drops_every_plan(pool2):
         assert torch.all(small == 4) and torch.all(big == 2)
 
 
+def _grown_inside_a_heap_scope(ctx):
+    n = 1 << 14
+    x = torch.ones(8, device=ctx.device)
+    ccl.all_reduce(ctx, x)                                      # the workspace, made outside any scope
+    with ctx.heap_scope():
+        ccl.all_reduce(ctx, torch.ones(n, device=ctx.device))   # its input buffer grows inside the scope
+    ccl.all_reduce(ctx, _filled(ctx, x, 1))                     # a replay must not use the freed buffer
+    user = ctx.full((n,), 7.0)                                  # memory the scope gave back, reused
+    big = torch.ones(n, device=ctx.device)
+    ccl.all_reduce(ctx, big)                                    # stages its input: not into `user`
+    return float(user.min()), float(user.max()), float(big.min()), float(x.min())
+
+
+def test_a_buffer_that_grew_inside_a_heap_scope_is_let_go_with_the_scope(pool2):
+    """The scope frees what was allocated inside it, also a buffer of an older resource that grew
+    there: the buffer lets go of that memory (and its plans), so nothing writes to it afterwards."""
+    for user_min, user_max, big, x in pool2.run(_grown_inside_a_heap_scope):
+        assert (user_min, user_max) == (7.0, 7.0), "the collectives' buffer overwrote a user tensor"
+        assert big == 2.0 and x == 2.0
+
+
 def _debug_records_nothing(ctx):
     x = ctx.zeros(32)
     for step in range(2):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import socket
 
 import torch
 
@@ -110,6 +111,12 @@ class Platform:
             return SIM_COMM_PROGRAMS
         return max(1, min(gpu_default, self.sm_count // 4))
 
+    @property
+    def device_identity(self) -> str:
+        """What names this GPU on this host (``host/uuid``; the host and ``cpu`` in the simulator):
+        two ranks with the same identity share a GPU, which NCCL refuses to put in one group."""
+        return _device_identity(self.device)
+
     def with_world(self, world_size: int) -> Platform:
         """The same device as seen by a job of ``world_size`` ranks."""
         return dataclasses.replace(self, world_size=world_size)
@@ -124,6 +131,12 @@ def _for_device(device: torch.device) -> Platform:
         raise ValueError(f"trident runs its kernels on the GPU in this process (backend 'cuda'); a tensor on "
                          f"{device} cannot be used. Move it to the GPU, or run with TRIDENT_BACKEND=sim.")
     return Platform("sim", torch.device("cpu"), SIM_SM_COUNT, "cpu (simulator)", 0)
+
+
+@functools.cache
+def _device_identity(device: torch.device) -> str:
+    mine = str(torch.cuda.get_device_properties(device).uuid) if device.type == "cuda" else str(device)
+    return f"{socket.gethostname()}/{mine}"
 
 
 def for_device(device: torch.device | str, world_size: int = 1) -> Platform:

@@ -33,6 +33,7 @@ class Workspace:
         self.table = ctx.zeros(3 * ctx.world_size, dtype=torch.int64)
         self._buffers: dict[str, GrowingBuffer] = {}
         self.plans = PlanCache()
+        self.plans_generation = ctx._resources.generation  # of the buffers the plans launch on
         # A faster rank must not signal into our sync slots before we have zeroed them.
         ctx.barrier()
 
@@ -60,6 +61,7 @@ class Workspace:
         buffer = grower.get(nbytes)[:nbytes].view(dtype)  # [:nbytes]: get() gives at least one byte
         if grower.generation != generation:
             self.plans.clear()  # the old buffer is freed: no plan may launch on it again
+            self.plans_generation = self.ctx._resources.generation
         return buffer
 
 
@@ -83,7 +85,12 @@ def replay(ctx, key) -> bool:
     """Run the plan recorded for ``key``, if there is one (never in the debug mode); whether it ran."""
     if key is None or ctx.debug:
         return False
-    plan = workspace(ctx).plans.get(key)
+    ws = workspace(ctx)
+    if ws.plans_generation != ctx._resources.generation:  # a buffer moved (grew, or a heap_scope freed it)
+        ws.plans.clear()
+        ws.plans_generation = ctx._resources.generation
+        return False
+    plan = ws.plans.get(key)
     if plan is None:
         return False
     plan()

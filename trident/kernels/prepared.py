@@ -29,9 +29,11 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 #: Plans a cache keeps; past this many keys the oldest is dropped (a loop with ever-new buffers
 #: must not grow the cache without bound).
@@ -41,14 +43,27 @@ MAX_PLANS = 256
 class Plan:
     """The steps of one call, in order; calling the plan runs them.
 
-    A step is a callable without arguments: a prepared kernel launch (:func:`launch`) or any host
-    step that must run again on every call (``plan.steps.append(lambda: out.copy_(stage))``).
+    A step is a callable without arguments: a prepared kernel launch (:func:`launch`), a copy
+    (:func:`copy`), or any host step that must run again on every call
+    (``plan.steps.append(lambda: out.copy_(stage))``). A call whose work includes something a
+    replay cannot repeat marks its plan with :meth:`cannot_replay`; such a plan is never kept.
     """
 
-    __slots__ = ("steps",)
+    __slots__ = ("steps", "replayable", "why_not", "owned")
 
     def __init__(self):
         self.steps: list[Callable[[], object]] = []
+        self.replayable = True
+        self.why_not = ""
+        self.owned: list[torch.Tensor] = []  # scratch the steps launch on, kept alive with the plan
+
+    def own(self, *tensors: torch.Tensor) -> None:
+        """Keep ``tensors`` (scratch the recorded launches use, not the caller's) alive with the plan."""
+        self.owned.extend(tensors)
+
+    def cannot_replay(self, why: str) -> None:
+        """Mark the plan as not to be replayed (``why`` says what a replay would miss)."""
+        self.replayable, self.why_not = False, why
 
     def __call__(self) -> None:
         for step in self.steps:
@@ -135,7 +150,57 @@ def launch(plan: Plan | None, kernel, grid: tuple[int, ...], args: tuple, conste
     values = []
     for name in kernel.arg_names:
         value = bound[name] if name in bound else kernel.signature.parameters[name].default
-        values.append(value.data_ptr() if isinstance(value, torch.Tensor) else value)
+        values.append(_by_address(value))
     runner = compiled[(*grid, 1, 1)[:3]]
     values = tuple(values)
     plan.steps.append(lambda: runner(*values))
+
+
+class _Address:
+    """A tensor's address and dtype, all a host TensorDescriptor's launch reads of its base: a plan's
+    descriptors hold no tensor (a tensor kept alive by a plan would hold its memory)."""
+
+    __slots__ = ("ptr", "dtype")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.ptr, self.dtype = tensor.data_ptr(), tensor.dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+def _by_address(value):
+    """A launch argument as a plan keeps it: tensors (also a descriptor's base) by address."""
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr()
+    if isinstance(value, TensorDescriptor) and isinstance(value.base, torch.Tensor):
+        return dataclasses.replace(value, base=_Address(value.base))
+    return value
+
+
+def copy(plan: Plan | None, dst: torch.Tensor, src: torch.Tensor, on_gpu: bool) -> None:
+    """``dst.copy_(src)`` now (both contiguous, one dtype); record in ``plan`` a step that copies the
+    same bytes again on the then current stream, by address (``cudaMemcpyAsync``), holding neither
+    tensor. In the simulator (``on_gpu`` False) the step is ``dst.copy_(src)`` again, holding both.
+
+    Example::
+
+        copy(plan, stage, A_local, not ctx.platform.simulator)    # a plain input staged on the heap
+    """
+    dst.copy_(src)
+    if plan is None:
+        return
+    if not on_gpu:
+        plan.steps.append(lambda: dst.copy_(src))
+        return
+    from cuda.bindings import runtime  # the cuda backend's dependency (trident.backends.cuda)
+
+    to, frm, nbytes = dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size()
+    kind, device = runtime.cudaMemcpyKind.cudaMemcpyDeviceToDevice, dst.device
+
+    def step():
+        (err,) = runtime.cudaMemcpyAsync(to, frm, nbytes, kind, torch.cuda.current_stream(device).cuda_stream)
+        if err != runtime.cudaError_t.cudaSuccess:
+            raise RuntimeError(f"cudaMemcpyAsync of {nbytes} bytes in a replayed call failed: {err}")
+
+    plan.steps.append(step)

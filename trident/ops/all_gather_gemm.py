@@ -24,7 +24,7 @@ from ..ccl.api import input_stage
 from ..runtime.groups import team
 from . import all_gather_gemm_kernels as kernels
 from . import multinode
-from .call_cache import call_key, recall, remember
+from .call_cache import call_key, recall, remember, replay, run
 from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, comm_span, prepare_call, split_roles
 from .matmul import MatmulConfig, launch_matmul, num_programs
 from .torch_baselines import gather_into
@@ -67,7 +67,7 @@ def _staged_a_local(call: FusedCall) -> torch.Tensor:
     stage = input_stage(ctx, A_local.numel(), A_local.dtype).view(A_local.shape)
     if ctx.is_symmetric(A_local):
         return A_local
-    return stage.copy_(A_local)
+    return call.copy(stage, A_local)
 
 
 def _bulk_synchronous(call: FusedCall) -> None:
@@ -85,15 +85,14 @@ def _fused_sequential(call: FusedCall) -> None:
     m, K = a_local.shape
     N = B.shape[1]
     tiles = ctx.world_size * triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
-    kernels.pull_kernel[(num_programs(ctx.platform, tiles, cfg),)](
+    call.launch(kernels.pull_kernel, (num_programs(ctx.platform, tiles, cfg),), (
         a_local, B, C,
         m, N, K,
         a_local.stride(0), a_local.stride(1), B.stride(0), B.stride(1), C.stride(0),
         call.sync(), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        WORLD_BLOCK=call.world_block,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+            WORLD_BLOCK=call.world_block), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _workgroup_specialized(call: FusedCall) -> None:
@@ -108,16 +107,16 @@ def _workgroup_specialized(call: FusedCall) -> None:
     # The GEMM programs wait for the gather programs of the same launch.
     gemm_programs, comm = split_roles(call, comm_work=blocks, other_work=tiles)
     a_full = _full_a(call)
-    kernels.gather_gemm_kernel[(comm + gemm_programs,)](
+    call.own(a_full)
+    call.launch(kernels.gather_gemm_kernel, (comm + gemm_programs,), (
         a_local, a_full, B, C,
         m, N, K,
         a_local.stride(0), a_local.stride(1), B.stride(0), B.stride(1), C.stride(0),
         comm,
         sync, call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        WORLD_BLOCK=call.world_block,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+            WORLD_BLOCK=call.world_block), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _baseline(call: FusedCall) -> None:
@@ -133,7 +132,8 @@ ALL_GATHER_GEMM = OpSpec(
     patterns={"bulk_synchronous": _bulk_synchronous, "fused_sequential": _fused_sequential,
               "workgroup_specialized": _workgroup_specialized, "baseline": _baseline},
     auto_table=AUTO_TABLE,
-    gpu_comm_programs=lambda world_size: GPU_COMM_PROGRAMS)
+    gpu_comm_programs=lambda world_size: GPU_COMM_PROGRAMS,
+    replayable=frozenset({"fused_sequential", "workgroup_specialized"}))
 #: Every value of ``pattern``.
 PATTERNS = ALL_GATHER_GEMM.pattern_names
 
@@ -174,6 +174,8 @@ def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor
         return multinode.all_gather_gemm(ctx, A_local, B, C, pattern=pattern, config=config,
                                              comm_programs=comm_programs, trace=trace)
     key = call_key(ctx, ALL_GATHER_GEMM, A_local, B, C, pattern, config, comm_programs, trace)
+    if replay(ctx, key):  # the same call as an earlier one: its recorded launches
+        return C
     call = recall(ctx, key, A_local, B, C)
     if call is None:  # the first call with this key: check everything, then decide
         _check_all_gather_gemm_args(ctx, A_local, B, C, pattern, config, comm_programs)
@@ -188,5 +190,5 @@ def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor
         return C
     if K == 0:
         return C.zero_()
-    call.run()
+    run(ctx, key, call)
     return C

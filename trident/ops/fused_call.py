@@ -29,6 +29,8 @@ import torch
 import triton
 
 from ..errors import NotSymmetricError
+from ..kernels import prepared
+from ..kernels.prepared import Plan
 from .call_sync import sync_block
 from .matmul import MatmulConfig, check_matrices, pick_config
 
@@ -48,6 +50,8 @@ class OpSpec:
         gpu_comm_programs: world size -> programs that communicate on a GPU when the caller
             gives none (the simulator always takes ``trident.platform.SIM_COMM_PROGRAMS``).
         shared_gpu_pattern: what ``auto`` runs when ranks share a GPU (NCCL cannot run there).
+        replayable: the patterns whose every launch and copy goes through :meth:`FusedCall.launch`
+            and :meth:`FusedCall.copy`: a repeated call replays them (:mod:`trident.ops.call_cache`).
     """
 
     name: str
@@ -55,6 +59,7 @@ class OpSpec:
     auto_table: AutoTable
     gpu_comm_programs: Callable[[int], int]
     shared_gpu_pattern: str = "fused_sequential"
+    replayable: frozenset[str] = frozenset()
 
     @property
     def pattern_names(self) -> tuple[str, ...]:
@@ -93,7 +98,8 @@ class FusedCall:
 
     ``A``, ``B`` and ``C`` are the op's operands in its argument order (their meaning is the op's);
     ``cfg`` the GEMM's tile config, the same on every rank; ``comm_programs`` the programs that
-    communicate where the pattern splits roles; ``trace`` a ``trident.trace.Trace`` or None.
+    communicate where the pattern splits roles; ``trace`` a ``trident.trace.Trace`` or None;
+    ``plan`` where the run records its launches for replay (:mod:`trident.ops.call_cache`), or None.
     """
 
     ctx: object
@@ -105,6 +111,7 @@ class FusedCall:
     cfg: MatmulConfig
     comm_programs: int
     trace: object = None
+    plan: Plan | None = None
 
     @property
     def trace_ptr(self) -> torch.Tensor | None:
@@ -124,6 +131,26 @@ class FusedCall:
     def run(self) -> None:
         """Run the pattern (its function from the op's table)."""
         self.spec.patterns[self.pattern](self)
+
+    def launch(self, kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, **options) -> None:
+        """``kernel[grid](*args, **constexprs, **options)``, recorded in :attr:`plan` (see
+        :func:`trident.kernels.prepared.launch`)."""
+        prepared.launch(self.plan, kernel, grid, args, constexprs, **options)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        """``dst.copy_(src)``, recorded in :attr:`plan` (see :func:`trident.kernels.prepared.copy`)."""
+        prepared.copy(self.plan, dst, src, on_gpu=not self.ctx.platform.simulator)
+        return dst
+
+    def own(self, *tensors: torch.Tensor) -> None:
+        """Scratch this run made and launches on: a recording keeps it alive and reuses it."""
+        if self.plan is not None:
+            self.plan.own(*tensors)
+
+    def cannot_replay(self, why: str) -> None:
+        """This run does work a replay of its launches would miss (``why``): it is not recorded."""
+        if self.plan is not None:
+            self.plan.cannot_replay(why)
 
 
 def prepare_call(ctx, spec: OpSpec, pattern: str, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, *,

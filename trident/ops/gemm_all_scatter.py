@@ -26,7 +26,7 @@ import triton
 from ..runtime.groups import team
 from . import gemm_all_scatter_kernels as kernels
 from . import multinode
-from .call_cache import call_key, recall, remember
+from .call_cache import call_key, recall, remember, replay, run
 from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, prepare_call, split_roles
 from .matmul import MatmulConfig, launch_matmul, num_programs, operands
 from .torch_baselines import gather_into
@@ -82,20 +82,20 @@ class _Block:
 def _scatter(call: FusedCall, s: _Block, sync: torch.Tensor, programs: int, wait_flags: bool) -> None:
     """The all-scatter kernel on ``programs`` programs (after the GEMM, or alongside it with ``wait_flags``)."""
     cfg, ctx = call.cfg, call.ctx
-    kernels.scatter_kernel[(programs,)](
+    call.launch(kernels.scatter_kernel, (programs,), (
         s.block,
         s.M, s.n, s.block.stride(0),
         sync, call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, GROUP_M=cfg.GROUP_M, WORLD_BLOCK=call.world_block,
-        WAIT_FLAGS=wait_flags, num_warps=cfg.num_warps)
+    ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, GROUP_M=cfg.GROUP_M, WORLD_BLOCK=call.world_block,
+            WAIT_FLAGS=wait_flags), num_warps=cfg.num_warps)
 
 
 def _bulk_synchronous(call: FusedCall) -> None:
     """The matmul into my column block, then the all-scatter kernel."""
     s = _Block(call)
     sync = call.sync()
-    launch_matmul(call.A, call.B, s.block, call.cfg, call.trace_ptr, call.ctx.rank)
+    launch_matmul(call.A, call.B, s.block, call.cfg, call.trace_ptr, call.ctx.rank, call.plan)
     _scatter(call, s, sync, num_programs(call.ctx.platform, s.tiles, call.cfg), wait_flags=False)
 
 
@@ -103,15 +103,14 @@ def _fused_sequential(call: FusedCall) -> None:
     """One persistent kernel: every tile into every rank's C as it is computed."""
     s, cfg, ctx = _Block(call), call.cfg, call.ctx
     a, b, use_tma = operands(call.A, call.B, cfg)
-    kernels.fused_sequential_kernel[(num_programs(ctx.platform, s.tiles, cfg),)](
+    call.launch(kernels.fused_sequential_kernel, (num_programs(ctx.platform, s.tiles, cfg),), (
         a, b, s.block,
         s.M, s.n, s.K,
         call.A.stride(0), call.A.stride(1), call.B.stride(0), call.B.stride(1), s.block.stride(0),
         call.sync(), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        USE_TMA=use_tma, WORLD_BLOCK=call.world_block,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+            USE_TMA=use_tma, WORLD_BLOCK=call.world_block), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _workgroup_specialized(call: FusedCall) -> None:
@@ -119,16 +118,15 @@ def _workgroup_specialized(call: FusedCall) -> None:
     s, cfg, ctx = _Block(call), call.cfg, call.ctx
     a, b, use_tma = operands(call.A, call.B, cfg)
     gemm_programs, comm = split_roles(call, comm_work=s.tiles, other_work=s.tiles)
-    kernels.workgroup_specialized_kernel[(gemm_programs + comm,)](
+    call.launch(kernels.workgroup_specialized_kernel, (gemm_programs + comm,), (
         a, b, s.block,
         s.M, s.n, s.K,
         call.A.stride(0), call.A.stride(1), call.B.stride(0), call.B.stride(1), s.block.stride(0),
         gemm_programs,
         call.sync(flags=s.tiles), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        USE_TMA=use_tma, WORLD_BLOCK=call.world_block,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+            USE_TMA=use_tma, WORLD_BLOCK=call.world_block), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _producer_consumer(call: FusedCall) -> None:
@@ -173,7 +171,8 @@ GEMM_ALL_SCATTER = OpSpec(
               "fused_sequential": _fused_sequential, "workgroup_specialized": _workgroup_specialized,
               "baseline": _baseline},
     auto_table=AUTO_TABLE,
-    gpu_comm_programs=gpu_comm_programs)
+    gpu_comm_programs=gpu_comm_programs,
+    replayable=frozenset({"bulk_synchronous", "fused_sequential", "workgroup_specialized"}))
 #: Every value of ``pattern``.
 PATTERNS = GEMM_ALL_SCATTER.pattern_names
 
@@ -210,6 +209,8 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
     if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
         raise multinode.refuse(ctx, "gemm_all_scatter")
     key = call_key(ctx, GEMM_ALL_SCATTER, A, B_local, C, pattern, config, comm_programs, trace)
+    if replay(ctx, key):  # the same call as an earlier one: its recorded launches
+        return C
     call = recall(ctx, key, A, B_local, C)
     if call is None:  # the first call with this key: check everything, then decide
         _check_gemm_all_scatter_args(ctx, A, B_local, C, pattern, config, comm_programs)
@@ -224,5 +225,5 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
         return C
     if K == 0:
         return C.zero_()
-    call.run()
+    run(ctx, key, call)
     return C

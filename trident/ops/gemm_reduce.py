@@ -101,15 +101,16 @@ def push_then_sum(call: FusedCall, to_every_rank: bool) -> None:
     a, b, use_tma = _operands(call)
     per_slot = triton.cdiv(rows, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
     computed = per_slot if to_every_rank else ctx.world_size * per_slot  # the tiles of my whole product
-    kernels.push_kernel[(num_programs(ctx.platform, computed, cfg),)](
+    call.launch(kernels.push_kernel, (num_programs(ctx.platform, computed, cfg),), (
         a, b, slots, *_sizes(call, rows),
         call.sync(), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank, WORLD_BLOCK=call.world_block,
+    ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+            USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank, WORLD_BLOCK=call.world_block),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     programs = max(1, min(triton.cdiv(rows * N, REDUCE_BLOCK), 4 * ctx.platform.sm_count))
-    kernels.reduce_slots_kernel[(programs,)](slots, call.C, rows, N, ctx.world_size, BLOCK=REDUCE_BLOCK, num_warps=4)
+    call.launch(kernels.reduce_slots_kernel, (programs,), (slots, call.C, rows, N, ctx.world_size),
+                dict(BLOCK=REDUCE_BLOCK), num_warps=4)
 
 
 def push_and_sum(call: FusedCall, to_every_rank: bool) -> None:
@@ -123,11 +124,11 @@ def push_and_sum(call: FusedCall, to_every_rank: bool) -> None:
     sync = call.sync(flags=ctx.world_size * per_slot)
     # The reducers wait for the GEMM programs of every rank's launch.
     gemm_programs, comm = split_roles(call, comm_work=per_slot, other_work=computed)
-    kernels.push_reduce_kernel[(gemm_programs + comm,)](
+    call.launch(kernels.push_reduce_kernel, (gemm_programs + comm,), (
         a, b, slots, call.C, *_sizes(call, rows),
         gemm_programs,
         sync, call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank, WORLD_BLOCK=call.world_block,
+    ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+            USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank, WORLD_BLOCK=call.world_block),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -23,6 +23,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import platform as _platform
 from .. import trace
+from ..kernels.prepared import Plan, launch
 from .matmul_config import SIM_CONFIG, MatmulConfig, cut_plan, pick_config
 from .tiles import tile_coords, tile_dot, tile_dot_range, tile_offsets
 
@@ -223,7 +224,7 @@ def check_matmul_operands(A: torch.Tensor, B: torch.Tensor, where: str) -> None:
 
 
 def launch_matmul(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: MatmulConfig,
-                  trace_ptr: torch.Tensor | None = None, rank: int = 0) -> None:
+                  trace_ptr: torch.Tensor | None = None, rank: int = 0, plan: Plan | None = None) -> None:
     """Launch the persistent matmul ``C = A @ B`` on the current stream (no checks; C may be a strided view).
 
     Args:
@@ -232,6 +233,7 @@ def launch_matmul(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: Matmul
         trace_ptr: a trace buffer (:class:`trident.trace.Trace`'s ``ptr``) to record every tile in
             as a compute event of ``rank``, or None.
         rank: whose events they are.
+        plan: where to record the launch for replay (:mod:`trident.kernels.prepared`), or None.
 
     Example::
 
@@ -249,17 +251,21 @@ def launch_matmul(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: Matmul
     if whole < tiles:  # per call, on the stream: per-tile counts start at zero (the slots are overwritten)
         part = torch.empty((tiles - whole) * parts * cfg.BLOCK_M * cfg.BLOCK_N, dtype=torch.float32, device=A.device)
         count = torch.zeros(tiles - whole, dtype=torch.int32, device=A.device)
+        if plan is not None:  # a replay reuses the scratch, its counts zeroed first
+            plan.own(part, count)
+            plan.steps.append(count.zero_)
     grid = (num_programs(platform, whole + (tiles - whole) * parts, cfg),)
-    matmul_kernel[grid](
+    launch(plan, matmul_kernel, grid, (
         a, b, c,
         M, N, K,
         A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         part, count, whole, parts,
         trace_ptr, rank,
+    ), dict(
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
         USE_TMA=use_tma, C_TMA=c_tma, SUBTILE=cfg.subtile,
         FLATTEN=cfg.flatten and trace_ptr is None,  # Triton 3.6 fails to flatten a loop holding the trace's store
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def matmul(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,

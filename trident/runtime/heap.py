@@ -95,6 +95,11 @@ class SymmetricHeapMixin(TensorFactory):
         finally:
             if not self._closed:
                 self._resources.drop_after(mark)
+                # A buffer of an older resource that grew inside the block lives in memory the block
+                # frees: it lets go, and grows again on its next use.
+                for buffer in list(self._resources.buffers):
+                    if buffer.tensor is not None and self.heap_offset(buffer.tensor) not in before:
+                        buffer.forget()
                 for block in self._allocator.live_blocks():
                     if block.offset not in before:
                         self._allocator.free(block.offset)

@@ -148,8 +148,8 @@ class Hierarchy:
         self.node = node
         gpus = _gpu_identities(ctx)
 
-        def shared(ranks) -> bool:
-            return ctx.device.type == "cuda" and len({gpus[r] for r in ranks}) < len(ranks)
+        def shared(ranks) -> bool:  # the simulator's gloo groups take any ranks
+            return not ctx.platform.simulator and len({gpus[r] for r in ranks}) < len(ranks)
 
         # The whole world between nodes (ctx.broadcast, all_to_all_v).
         self.world = CrossNodes(None, shares_gpu=shared(range(ctx.world_size)))
@@ -177,11 +177,9 @@ class Hierarchy:
 
 
 def _gpu_identities(ctx) -> list[str]:
-    """Every rank's GPU as ``host/uuid`` (its device in the simulator), in rank order (collective)."""
-    mine = str(ctx.device)
-    if ctx.device.type == "cuda":
-        mine = str(torch.cuda.get_device_properties(ctx.device).uuid)
-    return [v.decode() for v in ctx._rendezvous.all_gather("gpu identity", f"{socket.gethostname()}/{mine}".encode())]
+    """Every rank's GPU (``ctx.platform.device_identity``), in rank order (collective)."""
+    mine = ctx.platform.device_identity.encode()
+    return [v.decode() for v in ctx._rendezvous.all_gather("gpu identity", mine)]
 
 
 class CrossNodes:
@@ -239,6 +237,10 @@ class NodeTeam(Group):
     """A node's ranks as a group whose buffers come from the world's heap and whose state lives among
     the world's resources: the hierarchical calls are world-collective and allocate the same on every
     node, so the world's allocations stay in step, and ``ctx.heap_scope()`` drops both together."""
+
+    def __init__(self, ctx, *args):
+        super().__init__(ctx, *args)
+        self._resources = ctx._resources  # one generation count for recorded calls (trident.kernels.prepared)
 
     def resource(self, key: str, factory):
         """The node's state under ``key``, kept among the world's resources."""

@@ -11,6 +11,7 @@ memory behind, even when the heap runs out while it grows.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -24,10 +25,18 @@ def _capturing(ctx) -> bool:
 
 
 class Resources:
-    """The resources of one context, in the order they were made."""
+    """The resources of one context, in the order they were made.
+
+    ``generation`` counts the times heap memory behind them may have moved (a
+    :class:`GrowingBuffer` reallocated, resources dropped): a recorded call that launches on
+    their addresses (:mod:`trident.kernels.prepared`) is replayed only in the generation it was
+    recorded in.
+    """
 
     def __init__(self):
         self._items: dict[str, object] = {}
+        self.generation = 0
+        self.buffers: weakref.WeakSet[GrowingBuffer] = weakref.WeakSet()  # every GrowingBuffer of the context
 
     def get(self, key: str, factory: Callable[[], object]) -> object:
         """The resource under ``key``, made by ``factory()`` on first use."""
@@ -47,10 +56,12 @@ class Resources:
         """Forget the resources made after :meth:`mark` returned ``mark``."""
         for key in list(self._items)[mark:]:
             del self._items[key]
+            self.generation += 1
 
     def clear(self) -> None:
         """Forget every resource (at ``ctx.close()``)."""
         self._items.clear()
+        self.generation += 1
 
 
 class GrowingBuffer:
@@ -73,6 +84,7 @@ class GrowingBuffer:
         self.zeroed = zeroed
         self.tensor: torch.Tensor | None = None
         self.generation = 0  # times (re)allocated: callers caching views of it compare this
+        ctx._resources.buffers.add(self)
 
     def get(self, nbytes: int) -> torch.Tensor:
         """At least ``nbytes`` bytes (uint8, symmetric); the same size on every rank.
@@ -93,6 +105,7 @@ class GrowingBuffer:
             if self.tensor is not None:
                 self.ctx.device_barrier()  # no rank's earlier kernel still uses the old buffer
                 old, self.tensor = self.tensor, None  # gone before freed: nothing points at freed memory
+                self.ctx._resources.generation += 1  # nor a recorded call (trident.kernels.prepared)
                 self.ctx.free(old)
             size = 1 << (nbytes - 1).bit_length()
             fresh = self.ctx.zeros(size, dtype=torch.uint8) if self.zeroed else self.ctx.empty(size, dtype=torch.uint8)
@@ -101,6 +114,13 @@ class GrowingBuffer:
             self.tensor = fresh
             self.generation += 1
         return self.tensor[:nbytes]
+
+    def forget(self) -> None:
+        """Let go of the memory without freeing it (its owner frees it, e.g. ``heap_scope``): the
+        next call allocates afresh."""
+        if self.tensor is not None:
+            self.tensor = None
+            self.ctx._resources.generation += 1
 
     def view(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """Exactly ``numel`` elements of ``dtype`` (flat) at the start of the buffer."""
