@@ -109,6 +109,8 @@ def _host_cases(ctx, small_only: bool):
         A_local = torch.randn(M, K, device=dev, dtype=dtype)
         C_agg = torch.empty(M * w, N, device=dev, dtype=dtype)
         A_grs, C_grs = torch.randn(M * w, K, device=dev, dtype=dtype), torch.empty(M, N, device=dev, dtype=dtype)
+        C_gar = torch.empty(M, N, device=dev, dtype=dtype)
+        x_norm, weight = torch.randn(M, N, device=dev, dtype=dtype), torch.ones(N, device=dev, dtype=dtype)
         keep.append(C)
         fused = dict(pattern="fused_sequential")
         cases += [(f"torch.matmul {label}", "reference", partial(torch.matmul, A, B)),
@@ -118,7 +120,11 @@ def _host_cases(ctx, small_only: bool):
                   (f"all_gather_gemm {label}", "fused op",
                    partial(trident.ops.all_gather_gemm, ctx, A_local, B, C_agg, **fused)),
                   (f"gemm_reduce_scatter {label}", "fused op",
-                   partial(trident.ops.gemm_reduce_scatter, ctx, A_grs, B, C_grs, **fused))]
+                   partial(trident.ops.gemm_reduce_scatter, ctx, A_grs, B, C_grs, **fused)),
+                  (f"gemm_all_reduce {label}", "fused op",
+                   partial(trident.ops.gemm_all_reduce, ctx, A, B, C_gar, **fused)),
+                  (f"all_reduce_rmsnorm {label}", "fused op",
+                   partial(trident.ops.all_reduce_rmsnorm, ctx, x_norm, weight, residual=x_norm))]
     return cases, keep
 
 

@@ -120,7 +120,7 @@ SUITES: dict[str, list[Step]] = {
     # Ranks concurrent under MPS, each its share of the SMs; four pytest-xdist workers (whole modules each).
     # Tests that must run alone run last, serially (tests/conftest.py: those that kill ranks, since a fatal
     # GPU error under MPS reaches every client of the daemon, and those that measure the whole GPU).
-    "gpu-tests": [INFO, pytest("pytest_cuda", "--mps", *XDIST, "-m", "not (kills_ranks or device_wide)", limit=440),
+    "gpu-tests": [INFO, pytest("pytest_cuda", "--mps", *XDIST, "-m", "not (kills_ranks or device_wide)", limit=400),
                   pytest("pytest_cuda_alone", "--mps", "-m", "kills_ranks or device_wide", limit=150)],
     # trident.ops.matmul against torch.matmul (cuBLAS): bf16 with the sweep of candidate configs, fp16 the table's.
     "gpu-gemm": [INFO, bench("gemm_bf16", "gemm", 1, "--sweep", "--dtype", "bfloat16", limit=420),
