@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..errors import NotSymmetricError
-from ..kernels.prepared import Plan, launch, plan_key
+from ..kernels.prepared import Plan, copy, launch, plan_key
 from ..runtime.groups import team
 from . import hierarchical, kernels
 from .kernels import MAX_PROGRAMS
@@ -127,8 +127,17 @@ def _on_heap(ctx, t: torch.Tensor, name: str, copy_in: bool, plan: Plan | None =
     if ctx.is_symmetric(t):
         return t
     if copy_in:
-        run_step(plan, lambda: stage.copy_(t))
+        _copy(ctx, plan, stage, t)
     return stage
+
+
+def _copy(ctx, plan: Plan | None, dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` now and in every replay of ``plan``; by address where both are contiguous,
+    so that the plan holds neither tensor (a user's tensor kept alive by a plan would hold its memory)."""
+    if dst.is_contiguous() and src.is_contiguous():
+        copy(plan, dst, src, on_gpu=not ctx.platform.simulator)
+    else:
+        run_step(plan, lambda: dst.copy_(src))
 
 
 def input_stage(ctx, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -377,6 +386,6 @@ def broadcast(ctx, tensor: torch.Tensor, src: int, group=None) -> torch.Tensor:
     _launch(ctx, plan, kernels.broadcast_kernel, tensor.numel(), x, tensor.numel(), src,
             BLOCK=_block(ctx, tensor.numel()))
     if x is not tensor:
-        run_step(plan, lambda: tensor.copy_(x))
+        _copy(ctx, plan, tensor, x)
     keep_plan(ctx, key, plan)
     return tensor
