@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import trident
 from trident import layout
 from trident.runtime.allocator import SymmetricAllocator
+from trident.runtime.groups import TORCH_GROUP_SLOTS, TorchGroupSlots
 
 # -- unit tests (no processes) ---------------------------------------------------------------------
 
@@ -290,9 +291,10 @@ def _stats_body(ctx):
 
 def test_memory_stats(pool2):
     for heap_size, (s0, s1, s2, s3) in pool2.run(_stats_body):
-        usable = heap_size - layout.CONTROL_BYTES
+        # The allocator has the heap between the control block and the torch group slots init keeps at the top.
+        usable = TorchGroupSlots(heap_size, TORCH_GROUP_SLOTS).offset - layout.CONTROL_BYTES
         for s in (s0, s1, s2, s3):
-            assert s["heap_size"] == heap_size and s["reserved_bytes"] == layout.CONTROL_BYTES
+            assert s["heap_size"] == heap_size and s["reserved_bytes"] == heap_size - usable
             assert s["free_bytes"] + s["allocated_bytes"] == usable
         assert (s0["allocated_bytes"], s0["num_allocations"], s0["largest_free_block"]) == (0, 0, usable)
         assert (s1["allocated_bytes"], s1["num_allocations"], s1["largest_free_block"]) == (1280, 2, usable - 1280)
@@ -330,9 +332,10 @@ def _exhaustion_body(ctx):
 def test_heap_exhaustion_in_the_ranks(pool2):
     for message, before, message2, mid, heap_size in pool2.run(_exhaustion_body):
         assert "exhausted" in message
-        for number in (2 * heap_size, before["free_bytes"], heap_size):
+        allocatable = TorchGroupSlots(heap_size, TORCH_GROUP_SLOTS).offset  # the top is kept for torch groups
+        for number in (2 * heap_size, before["free_bytes"], allocatable):
             assert str(number) in message, (number, message)
-        for number in (mid["largest_free_block"] + 1, mid["free_bytes"], heap_size, mid["largest_free_block"]):
+        for number in (mid["largest_free_block"] + 1, mid["free_bytes"], allocatable, mid["largest_free_block"]):
             assert str(number) in message2, (number, message2)
 
 

@@ -230,8 +230,32 @@ def _unreserved_body(ctx):
     return "accepted"
 
 
-def test_without_reserve_the_error_says_what_to_call():
-    assert "trident.dist_backend.reserve(ctx" in get_pool(2).run(_unreserved_body)[0]
+def test_without_slots_the_error_says_what_to_call():
+    from tests.conftest import POOL_KWARGS
+    from trident.testing import RankPool
+
+    pool = RankPool(2, **{**POOL_KWARGS, "dist_groups": 0})  # init kept no slots
+    try:
+        message = pool.run(_unreserved_body)[0]
+    finally:
+        pool.close()
+    assert "trident.init(dist_groups=N)" in message and "trident.dist_backend.reserve(ctx" in message, message
+
+
+def _right_after_init_body(ctx):
+    slots = ctx._resources.peek("torch_group_slots")
+    g = dist.new_group(list(range(ctx.world_size)), backend="trident")  # no reserve: init's slots
+    t = torch.full((8,), float(ctx.rank + 1), device=ctx.device)
+    dist.all_reduce(t, group=g)
+    _destroy(g)
+    return float(t[0]), slots.count, slots.offset, ctx.heap_size
+
+
+def test_a_trident_group_works_right_after_init():
+    # A pool of its own (an env entry makes it distinct): no test before it called reserve there.
+    for total, count, offset, heap_size in get_pool(2, TRIDENT_TEST_POOL="fresh").run(_right_after_init_body):
+        assert total == 3.0
+        assert count == 4 and heap_size - offset < heap_size // 8  # the top 1/16 of the heap, and a little
 
 
 @pytest.mark.parametrize("name", ["trident"])

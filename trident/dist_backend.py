@@ -10,15 +10,15 @@ rank has a GPU of its own, gloo otherwise (the simulator). So existing code swit
 to trident with one line.
 
 A trident group needs a heap region at the same offset on every member, and torch calls a
-backend's creator on the member ranks only, so the regions are reserved up front, on every rank
-of the world, by :func:`reserve` (collective, after :func:`trident.init`): ``groups`` slots of
-``group_bytes`` each. A new torch group takes the lowest slot free on all of its members (they
-agree through the group's store), and gives it back when the group is destroyed.
+backend's creator on the member ranks only, so the regions are kept up front, on every rank of
+the world: ``trident.init`` keeps ``dist_groups`` slots (4 by default) of ``heap_size / 64`` bytes
+at the top of the heap, and :func:`reserve` (collective) reserves other sizes instead. A new
+torch group takes the lowest slot free on all of its members (they agree through the group's
+store), and gives it back when the group is destroyed.
 
 Example::
 
-    ctx = trident.init()
-    trident.dist_backend.reserve(ctx, groups=4)          # every rank, before dist.new_group
+    ctx = trident.init()                                # keeps 4 slots for trident torch groups
     tp = dist.new_group([0, 1], backend="trident")      # every rank, as always
     if dist.get_rank() in (0, 1):
         dist.all_reduce(x, group=tp)                    # runs on trident.ccl
@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from . import ccl
 from .errors import TridentError
-from .runtime.groups import clear_region, group_in_region, region_bytes
+from .runtime.groups import clear_region, group_in_region, open_contexts, region_bytes
 
 NAME = "trident"
 #: Slots and bytes per slot :func:`reserve` takes by default (64 MiB of heap in all).
@@ -50,14 +50,16 @@ _ARENA: weakref.ref | None = None
 
 
 class _Arena:
-    """The world's reserved slots for torch groups: one heap region, cut in equal slots."""
+    """The world's slots for torch groups: one heap region (``region``: None allocates it,
+    collectively), cut in equal slots."""
 
-    def __init__(self, ctx, groups: int, group_bytes: int):
+    def __init__(self, ctx, groups: int, group_bytes: int, region: torch.Tensor | None = None):
         self.ctx, self.groups, self.group_bytes = ctx, groups, group_bytes
         self.slot_bytes = region_bytes(group_bytes)
-        self.region = ctx.zeros(groups * self.slot_bytes, dtype=torch.uint8)
+        self.region = ctx.zeros(groups * self.slot_bytes, dtype=torch.uint8) if region is None else region
         self.free = set(range(groups))
-        ctx.barrier()  # every rank's slots are zeroed before any member signals into them
+        if region is None:
+            ctx.barrier()  # every rank's slots are zeroed before any member signals into them
 
     def slot(self, index: int) -> torch.Tensor:
         return self.region[index * self.slot_bytes:(index + 1) * self.slot_bytes]
@@ -93,13 +95,23 @@ def reserve(ctx, groups: int = DEFAULT_GROUPS, group_bytes: int = DEFAULT_GROUP_
 
 
 def _arena() -> _Arena:
+    """The slots of :func:`reserve` if it ran (and its context and heap_scope are still open), else
+    the ones ``trident.init`` kept."""
     arena = _ARENA() if _ARENA is not None else None
     # Gone with its context, or with the heap_scope() it was made in (its heap is freed then).
-    if arena is None or arena.ctx._closed or arena.ctx._resources.peek("dist_backend.arena") is not arena:
-        raise TridentError("dist.new_group(backend='trident') needs heap reserved for torch groups: call "
-                           "trident.dist_backend.reserve(ctx, groups=N) on every rank after trident.init "
-                           "(and before creating the group)")
-    return arena
+    if arena is not None and not arena.ctx._closed and arena.ctx._resources.peek("dist_backend.arena") is arena:
+        return arena
+    for ctx in open_contexts():
+        slots = ctx._resources.peek("torch_group_slots")
+        if slots is not None and slots.count:
+            if slots.arena is None:
+                region = ctx._heap[slots.offset:slots.offset + slots.count * region_bytes(slots.group_bytes)]
+                slots.arena = _Arena(ctx, slots.count, slots.group_bytes, region)
+            return slots.arena
+    raise TridentError("dist.new_group(backend='trident') needs heap slots for torch groups, and this "
+                       "process's trident context keeps none (trident.init(dist_groups=0), or a heap too small): "
+                       "pass trident.init(dist_groups=N), or call trident.dist_backend.reserve(ctx, groups=N) on "
+                       "every rank before creating the group")
 
 
 def _done(result) -> dist.Work:
@@ -129,7 +141,8 @@ def _agree_on_slot(arena: _Arena, store, rank: int, size: int, group_id: str, ti
         raise TridentError(
             f"rank {arena.ctx.rank}: dist.new_group(backend='trident') (group {group_id!r}): no heap slot is free "
             f"on every member: each rank has {arena.groups} (in use here: {arena.groups - len(arena.free)}); "
-            f"destroy groups no longer needed, or raise groups= in trident.dist_backend.reserve(ctx, groups=...)")
+            f"destroy groups no longer needed, or keep more: trident.init(dist_groups=N), or groups= in "
+            f"trident.dist_backend.reserve(ctx, groups=N)")
     return min(common)
 
 

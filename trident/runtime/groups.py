@@ -53,6 +53,11 @@ def register(obj, name: str) -> str:
     return name
 
 
+def open_contexts() -> list:
+    """This process's open trident contexts (whole worlds, not groups)."""
+    return [o for o in _BY_NAME.values() if not isinstance(o, Group) and not o._closed]
+
+
 def resolve(group_name: str):
     """``(ctx, group)`` for a name: ``group`` is None for a context's whole world. A clear error
     if no open context or group in this process has that name.
@@ -214,6 +219,33 @@ def new_group(ctx, ranks, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> Gro
 def region_bytes(workspace_bytes: int) -> int:
     """Bytes of a group's heap region with ``workspace_bytes`` for its buffers (barrier words included)."""
     return _BARRIER_BYTES + -(-int(workspace_bytes) // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN
+
+
+#: Slots ``trident.init`` keeps at the top of the heap for torch.distributed groups of backend
+#: "trident" (:mod:`trident.dist_backend`), each of ``heap_size / 64`` bytes: 1/16 of the heap.
+TORCH_GROUP_SLOTS = 4
+
+
+class TorchGroupSlots:
+    """The top of a context's heap kept for torch groups of backend "trident" (kept among the
+    context's resources from ``init`` on, so no ``heap_scope`` drops it).
+
+    Attributes:
+        count: slots (0: none kept: ``trident.init(dist_groups=0)``, or a heap too small).
+        group_bytes: each slot's workspace bytes.
+        offset: where the slots start on the heap (the allocator ends there).
+        arena: what :mod:`trident.dist_backend` keeps of them (made on first use), or None.
+    """
+
+    def __init__(self, heap_size: int, count: int):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"dist_groups={count!r} must be an int >= 0 (slots for torch groups of backend "
+                             f"'trident')")
+        self.group_bytes = heap_size // 64 // layout.ALLOC_ALIGN * layout.ALLOC_ALIGN
+        total = count * region_bytes(self.group_bytes)
+        self.count = count if count and self.group_bytes and total <= heap_size // 8 else 0
+        self.offset = heap_size - (total if self.count else 0)
+        self.arena = None
 
 
 def group_in_region(ctx, ranks, region: torch.Tensor, name: str) -> Group:

@@ -143,7 +143,7 @@ class SymmetricHeapMixin(TensorFactory):
         self._check_open()
         a = self._allocator
         return {
-            "heap_size": self.heap_size, "reserved_bytes": layout.CONTROL_BYTES,
+            "heap_size": self.heap_size, "reserved_bytes": self.heap_size - (a.end - a.start),  # control + torch groups
             "allocated_bytes": a.allocated_bytes, "free_bytes": a.free_bytes,
             "largest_free_block": a.largest_free_block, "peak_allocated_bytes": a.peak,
             "num_allocations": len(a.live_blocks()),
