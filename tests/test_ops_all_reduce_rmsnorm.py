@@ -10,7 +10,10 @@ import torch
 
 from tests.conftest import get_pool
 from trident import ccl
-from trident.ops.all_reduce_rmsnorm import all_reduce_rmsnorm
+from trident.ccl.api import INPUT_STAGE
+from trident.ccl.workspace import workspace
+from trident.kernels.prepared import PlanCache
+from trident.ops.all_reduce_rmsnorm import RESOURCE_KEY, all_reduce_rmsnorm
 from trident.testing import refusals
 
 FLOATS = [torch.bfloat16, torch.float16, torch.float32]
@@ -48,6 +51,11 @@ def _diff(what, got, want, dtype):
 
 def _check_call(ctx, what, x, shape, dtype, residual, weight, salt=0):
     out, h = all_reduce_rmsnorm(ctx, x, weight, EPS, residual=residual)
+    return _check_results(ctx, what, out, h, shape, dtype, residual, weight, salt)
+
+
+def _check_results(ctx, what, out, h, shape, dtype, residual, weight, salt=0):
+    """What is wrong with a call's ``(out, h)`` (``residual`` as it was at the call)."""
     normed, h_want = _reference(ctx.world_size, shape, dtype, residual, weight, salt)
     problems = []
     if out.dtype != dtype or h.dtype != dtype or out.shape != shape or h.shape != shape:
@@ -139,22 +147,175 @@ def _fp8_body(ctx):
         out, h = all_reduce_rmsnorm(ctx, x, weight, EPS, residual=residual, out_dtype=FP8, scale=scale)
         normed, h_want = _reference(w, shape, dtype, residual, weight)
         s = float(scale) if not isinstance(scale, torch.Tensor) else scale.item()
-        want = (normed / s).clamp(-448, 448).to(FP8).float()
-        got = out.cpu().float()
-        what = f"rank {me}/{w} fp8 {dtype} scale {s}"
-        if out.dtype != FP8:
-            problems.append(f"{what}: out is {out.dtype}")
-        # fp32 sums in another order may flip a rounding: at most one fp8 step (2**-3 relative), rarely
-        step = torch.maximum(want.abs() * 2.0 ** -3, torch.tensor(2.0 ** -9))
-        exact = (got == want).float().mean().item()
-        if not torch.all((got - want).abs() <= step) or exact < 0.98:
-            problems.append(f"{what}: {exact:.3f} exact, max diff {(got - want).abs().max().item()}")
-        problems += _diff(f"{what}: h", h, h_want, dtype)
+        problems += _fp8_problems(f"rank {me}/{w} fp8 {dtype} scale {s}", out, normed, s)
+        problems += _diff(f"rank {me}/{w} fp8 {dtype} scale {s}: h", h, h_want, dtype)
     return problems
+
+
+def _fp8_problems(what, out, normed, s):
+    """What is wrong with an fp8 ``out`` against torch's quantisation of ``normed / s``."""
+    want = (normed / s).clamp(-448, 448).to(FP8).float()
+    got = out.cpu().float()
+    if out.dtype != FP8:
+        return [f"{what}: out is {out.dtype}"]
+    # fp32 sums in another order may flip a rounding: at most one fp8 step (2**-3 relative), rarely
+    step = torch.maximum(want.abs() * 2.0 ** -3, torch.tensor(2.0 ** -9))
+    exact = (got == want).float().mean().item()
+    if not torch.all((got - want).abs() <= step) or exact < 0.98:
+        return [f"{what}: {exact:.3f} exact, max diff {(got - want).abs().max().item()}"]
+    return []
 
 
 def test_fp8_output():
     assert get_pool(2).run(_fp8_body) == [[]] * 2
+
+
+# -- the small-call path ----------------------------------------------------------------------------------
+
+
+def _cached_body(ctx):
+    """Three calls on the same buffers with new data each time (x on the heap and plain, with and without
+    a residual, fp8 with a tensor scale whose value changes): right results, one cache entry made by the
+    first call and used by the next two, fresh outputs every call (earlier results stay as they were)."""
+    me, w, problems = ctx.rank, ctx.world_size, []
+    cache = ctx.resource(RESOURCE_KEY, PlanCache)
+    shape, dtype = (5, 72), torch.bfloat16
+    weight = _weight(shape[1], torch.float32).to(ctx.device)
+    for heap in (True, False):
+        for with_residual in (True, False):
+            what = f"rank {me}/{w} heap={heap} residual={with_residual}"
+            cache.clear()
+            x = ctx.zeros(*shape, dtype=dtype) if heap else torch.zeros(shape, dtype=dtype, device=ctx.device)
+            residual = torch.zeros(shape, dtype=dtype, device=ctx.device) if with_residual else None
+            kept, entries = [], []
+            for salt in range(3):
+                x.copy_(_data(me, shape, dtype, salt))
+                if residual is not None:
+                    residual.copy_(_data(-1, shape, dtype, salt))
+                out, h = all_reduce_rmsnorm(ctx, x, weight, EPS, residual=residual)
+                was = None if residual is None else residual.clone()
+                problems += _check_results(ctx, f"{what} call {salt}", out, h, shape, dtype, was, weight, salt)
+                kept.append((out, h, was, salt))
+                entries.append(list(cache._plans.values()))
+            if len(entries[0]) != 1 or any(e != entries[0] or e[0] is not entries[0][0] for e in entries):
+                problems.append(f"{what}: cache entries after each call {entries}, expected the first call's only")
+            for out, h, was, salt in kept:  # fresh tensors: later calls wrote none of them
+                problems += _check_results(ctx, f"{what} kept {salt}", out, h, shape, dtype, was, weight, salt)
+    # fp8 with a 1-element scale tensor: one entry; the kernel reads the scale's value at every call
+    cache.clear()
+    x, residual = torch.zeros(shape, dtype=dtype, device=ctx.device), torch.zeros(shape, dtype=dtype, device=ctx.device)
+    scale = torch.zeros(1, device=ctx.device)
+    for salt in range(3):
+        x.copy_(_data(me, shape, dtype, salt))
+        residual.copy_(_data(-1, shape, dtype, salt))
+        scale.fill_(0.01 * (salt + 1))
+        out, h = all_reduce_rmsnorm(ctx, x, weight, EPS, residual=residual, out_dtype=FP8, scale=scale)
+        normed, h_want = _reference(w, shape, dtype, residual, weight, salt)
+        problems += _fp8_problems(f"rank {me}/{w} fp8 call {salt}", out, normed, scale.item())
+        problems += _diff(f"rank {me}/{w} fp8 call {salt}: h", h, h_want, dtype)
+    if len(cache) != 1:
+        problems.append(f"rank {me}/{w} fp8 tensor scale: {len(cache)} cache entries after 3 calls, expected 1")
+    # a float scale is part of the key: another value on the same buffers is another entry, not a stale one
+    normed = _reference(w, shape, dtype, residual, weight, salt=2)[0]  # x and residual hold call 2's data
+    for s in (0.01, 0.02, 0.01):
+        out, h = all_reduce_rmsnorm(ctx, x, weight, EPS, residual=residual, out_dtype=FP8, scale=s)
+        problems += _fp8_problems(f"rank {me}/{w} fp8 scale {s}", out, normed, s)
+    if len(cache) != 3:
+        problems.append(f"rank {me}/{w} fp8: {len(cache)} cache entries, expected 3 (tensor scale, 0.01, 0.02)")
+    return problems
+
+
+def test_repeated_calls_take_the_small_call_path(pool2):
+    assert pool2.run(_cached_body) == [[]] * 2
+
+
+def _fill_before(ctx, offset):
+    """Heap tensors over every free byte before heap offset ``offset``: the heap allocates first fit,
+    so the next allocation lands at ``offset`` if that is free."""
+    return [ctx.empty(min(size, offset - start), dtype=torch.uint8)
+            for start, size in list(ctx._allocator._free) if start < offset]
+
+
+def _moved_body(ctx):
+    """A cache entry launches on the heap stage of plain x: once the stage grew (a call on a larger x), and
+    once a heap_scope in which it grew ended, a call must stage into the new one and never write where the
+    old one was (a user tensor lives there now)."""
+    me, w, problems = ctx.rank, ctx.world_size, []
+    shape, dtype = (4, 64), torch.float32
+    x, residual = torch.zeros(shape, device=ctx.device), torch.zeros(shape, device=ctx.device)
+    weight, big_weight = _weight(shape[1], dtype).to(ctx.device), _weight(32768, dtype).to(ctx.device)
+    nbytes = x.numel() * 4
+
+    def call(salt, what, x=x, residual=residual, weight=weight):
+        x.copy_(_data(me, tuple(x.shape), dtype, salt))
+        residual.copy_(_data(-1, tuple(x.shape), dtype, salt))
+        return _check_call(ctx, f"rank {me}/{w} {what}", x, tuple(x.shape), dtype, residual, weight, salt)
+
+    def stage():  # (heap offset, capacity in bytes) of the stage buffer now
+        grower = workspace(ctx)._buffers[INPUT_STAGE]
+        return ctx.heap_offset(grower.tensor), grower.tensor.numel()
+
+    def bigger():  # plain x larger than the stage now: it grows (rows of 128 KiB keep the simulator quick)
+        rows = stage()[1] // (32768 * 4) + 1
+        return torch.zeros(rows, 32768, device=ctx.device), torch.zeros(rows, 32768, device=ctx.device), big_weight
+
+    def pin_after_stage():
+        # Every free byte before the stage's end taken, and a blocker right after it: the grown stage cannot
+        # start where this one is (first fit would put it there, hiding a stale write in the new stage).
+        offset, capacity = stage()
+        pinned.extend(_fill_before(ctx, offset + capacity))
+        pinned.append(ctx.empty(256, dtype=torch.uint8))
+        return offset
+
+    def user_at(offset):  # a user's heap tensor of 7.0 where a freed stage was
+        pinned.extend(_fill_before(ctx, offset))
+        pinned.append(ctx.full((nbytes // 4,), 7.0))
+        if ctx.heap_offset(pinned[-1]) != offset:
+            problems.append(f"rank {me}/{w}: the user tensor is at {ctx.heap_offset(pinned[-1])}, not at {offset}")
+        return pinned[-1]
+
+    problems += call(0, "first call")
+    problems += call(1, "second call")  # a hit
+    pinned = []
+    old = pin_after_stage()
+    problems += call(2, "larger x", *bigger())
+    user = user_at(old)
+    for salt in (3, 4):
+        problems += call(salt, f"after the stage grew, call {salt}")
+    if not torch.all(user == 7.0):
+        problems.append(f"rank {me}/{w}: a call after the stage grew wrote into the freed stage")
+    pin_after_stage()
+    ctx.resource(RESOURCE_KEY, PlanCache).clear()  # what follows tests the scope alone: call 6 makes the entry
+    with ctx.heap_scope():
+        problems += call(5, "larger x in a heap_scope", *bigger())
+        problems += call(6, "in the heap_scope")  # an entry on the scope's stage
+        inner = stage()[0]
+    user = user_at(inner)
+    for salt in (7, 8):
+        problems += call(salt, f"after the heap_scope, call {salt}")
+    if not torch.all(user == 7.0):
+        problems.append(f"rank {me}/{w}: a call after the heap_scope wrote into the stage the scope freed")
+    ctx.free(*pinned)
+    return problems
+
+
+def test_moved_stage_is_never_written(pool2):
+    assert pool2.run(_moved_body) == [[]] * 2
+
+
+def _debug_body(ctx):
+    x = _data(ctx.rank, (3, 40), torch.float16).to(ctx.device)
+    weight = _weight(40, torch.float16).to(ctx.device)
+    problems = []
+    for salt in range(2):
+        problems += _check_call(ctx, f"debug call {salt}", x, (3, 40), torch.float16, None, weight)
+    return problems, len(ctx.resource(RESOURCE_KEY, PlanCache))
+
+
+def test_the_debug_mode_keeps_no_entry(debug_pool):
+    for problems, entries in debug_pool.run(_debug_body):
+        assert not problems, problems
+        assert entries == 0
 
 
 # -- bad input ---------------------------------------------------------------------------------------------

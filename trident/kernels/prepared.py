@@ -14,6 +14,10 @@ calls with the same key run the steps straight away. A key only ever holds a pla
 call that passed every check, and the arguments are the same by construction (the key holds
 everything they come from), so the replay launches exactly what a full call would.
 
+A call that must launch on new tensors every time (an op that returns fresh outputs) keeps a
+:class:`PreparedLaunch` instead (:func:`prepare`): the same compiled kernel, launched with new
+arguments.
+
 Example::
 
     plans = PlanCache()
@@ -85,7 +89,7 @@ class PlanCache:
 
     def put(self, key, plan: Plan) -> None:
         """Remember ``plan`` for ``key``."""
-        if len(self._plans) >= self.max_plans:
+        if key not in self._plans and len(self._plans) >= self.max_plans:  # a key put again evicts nothing
             del self._plans[next(iter(self._plans))]
         self._plans[key] = plan
 
@@ -114,15 +118,77 @@ def plan_key(*parts):
     return key
 
 
+class PreparedLaunch:
+    """One kernel launch, compiled once, launched again with new runtime arguments.
+
+    :func:`prepare` launches ``kernel[grid](*args, **constexprs, **options)`` once; calling the
+    result launches the same compiled kernel (same constexprs, options and grid) with new
+    positional arguments through the compiled kernel's own launcher, skipping Triton's binding,
+    specialization and cache lookup. Tensors are passed by address. The new arguments must
+    specialize as the first ones did (the same ones None, the same ints equal to 1, pointers and
+    ints as divisible by 16): the caller's key guarantees it (fresh ``torch.empty`` outputs are
+    aligned as every allocation is). Where Triton's JIT returns no compiled kernel (the CPU
+    simulator, where the interpreter runs the kernel), a call is the full launch again.
+
+    Example::
+
+        step = prepare(kernel, (programs,), (x, out, n), {"BLOCK": 1024}, num_warps=4)  # launches now
+        step(x, torch.empty_like(x), n)                                                 # the same kernel again
+    """
+
+    __slots__ = ("_run", "_tail", "_again")
+
+    def __init__(self, kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, options: dict):
+        compiled = kernel[grid](*args, **constexprs, **options)
+        if compiled is None or not hasattr(compiled, "packed_metadata"):  # the simulator
+            self._run, self._tail = None, ()
+            self._again = lambda *new: kernel[grid](*new, **constexprs, **options)
+            return
+        # The launcher takes every parameter in kernel.arg_names order, constexprs included: those
+        # after the positional ones come from constexprs or the parameters' defaults.
+        params = kernel.signature.parameters
+        self._tail = tuple(_by_address(constexprs[name] if name in constexprs else params[name].default)
+                           for name in kernel.arg_names[len(args):])
+        self._run, self._again = compiled[(*grid, 1, 1)[:3]], None
+
+    def __call__(self, *args) -> None:
+        if self._run is None:
+            self._again(*args)
+        else:
+            self._run(*[_by_address(a) for a in args], *self._tail)
+
+    def bind(self, *args) -> Callable[[], None]:
+        """A step without arguments that launches with ``args`` (converted once, tensors by address;
+        in the simulator the step holds them)."""
+        if self._run is None:
+            return lambda: self._again(*args)
+        values = (*[_by_address(a) for a in args], *self._tail)
+        run = self._run
+        return lambda: run(*values)
+
+
+def prepare(kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, **options) -> PreparedLaunch:
+    """Launch ``kernel[grid](*args, **constexprs, **options)`` now and return a :class:`PreparedLaunch`
+    that launches the same compiled kernel again with new positional arguments.
+
+    Example::
+
+        again = prepare(kernels.rmsnorm_kernel, (rows,), (x, out, hidden), {"BLOCK": 1024}, num_warps=4)
+        again(x, torch.empty_like(x), hidden)
+    """
+    return PreparedLaunch(kernel, grid, args, constexprs, options)
+
+
 def launch(plan: Plan | None, kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, **options) -> None:
     """Launch ``kernel[grid](*args, **constexprs, **options)`` now; record it in ``plan`` as a step
-    that launches the same compiled kernel with the same arguments.
+    that launches the same compiled kernel with the same arguments (:meth:`PreparedLaunch.bind`).
 
     The step goes through the compiled kernel's own launcher (``CompiledKernel[grid]``), skipping
     Triton's argument binding and cache lookup. Tensors are bound by address: the plan's key must
     hold every tensor's address, so that a replay only happens for a call on the same memory.
     With ``plan`` None it only launches. Where Triton's JIT returns no compiled kernel (the CPU
-    simulator, where the interpreter runs the kernel), the step is the same full launch again.
+    simulator, where the interpreter runs the kernel), the step is the same full launch again
+    (holding the tensors, so that no other tensor can take their addresses meanwhile).
 
     Args:
         plan: where to record the step, or None.
@@ -137,23 +203,10 @@ def launch(plan: Plan | None, kernel, grid: tuple[int, ...], args: tuple, conste
         launch(plan, kernels.all_gather_kernel, (programs,), (source, out, n, sync, rank, world_size,
                heap_bases), {"BLOCK": 1024, "WORLD_BLOCK": 4}, num_warps=4)
     """
-    compiled = kernel[grid](*args, **constexprs, **options)
     if plan is None:
+        kernel[grid](*args, **constexprs, **options)
         return
-    if compiled is None or not hasattr(compiled, "packed_metadata"):
-        # The simulator: Triton's interpreter runs the kernel on every call, so the step calls it
-        # again (holding the tensors, so that no other tensor can take their addresses meanwhile).
-        plan.steps.append(lambda: kernel[grid](*args, **constexprs, **options))
-        return
-    bound = dict(zip(kernel.arg_names[:len(args)], args, strict=True))
-    bound.update(constexprs)
-    values = []
-    for name in kernel.arg_names:
-        value = bound[name] if name in bound else kernel.signature.parameters[name].default
-        values.append(_by_address(value))
-    runner = compiled[(*grid, 1, 1)[:3]]
-    values = tuple(values)
-    plan.steps.append(lambda: runner(*values))
+    plan.steps.append(prepare(kernel, grid, args, constexprs, **options).bind(*args))
 
 
 class _Address:

@@ -16,6 +16,15 @@ lies on the heap (ranks may pass different heap tensors, or plain ones staged th
 workspace's input buffer) and waits until every peer's ``x`` is written; the exit sync waits until
 every peer has read my ``x``, so the next call may overwrite it. Epochs live on the device: no host
 synchronisation inside, CUDA-graph replays stay correct.
+
+Small calls: a decode loop calls this every layer on the same buffers, where the checks, workspace
+lookups and Triton's launch path would cost ten times what the kernel does on the host. A call's
+key (:func:`~trident.kernels.prepared.plan_key`: the operands' addresses, shapes, strides and dtypes,
+and the options) finds what its first call decided and the compiled launch
+(:func:`~trident.kernels.prepared.prepare`); a later call with that key only allocates its new
+``out`` and ``h``, stages ``x`` if it is not on the heap, and launches. An entry is used only in the
+generation of the context's resources it was made in: a staging buffer that grew, or a
+``heap_scope`` that ended, makes the next call take the full path again. The debug mode keeps none.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import triton
 from ..ccl.api import input_stage
 from ..ccl.kernels import MAX_PROGRAMS
 from ..ccl.workspace import workspace
+from ..kernels.prepared import PlanCache, plan_key, prepare
 from ..runtime.groups import team
 from . import multinode
 from .all_reduce_rmsnorm_kernels import all_reduce_rmsnorm_kernel, num_warps
@@ -40,6 +50,30 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 OUT_DTYPES = (None, torch.float8_e4m3fn)
 #: Largest hidden size: a whole row is normalised in registers.
 MAX_HIDDEN = 32768
+#: The key of the small-call cache (a bounded :class:`~trident.kernels.prepared.PlanCache` of
+#: :class:`_Entry`) among the context's (or group's) resources.
+RESOURCE_KEY = "ops.all_reduce_rmsnorm"
+
+
+class _Entry:
+    """What a call with one key decided: the compiled launch, the heap stage ``x`` is copied into
+    (None: ``x`` is on the heap), the launch's arguments after the call's own tensors (from
+    ``scale_value`` on), ``out``'s dtype, and the resources' generation the stage and sync block
+    are valid in. It holds none of the caller's tensors (the stage and sync block are the
+    workspace's, valid while the generation is)."""
+
+    __slots__ = ("launch", "stage", "rest", "out_dtype", "generation")
+
+    def __init__(self, launch, stage, rest, out_dtype, generation):
+        self.launch, self.stage, self.rest = launch, stage, rest
+        self.out_dtype, self.generation = out_dtype, generation
+
+
+def _key(x, weight, eps, residual, out_dtype, scale):
+    """The call's cache key (None: take the full path). Numbers go in with their type: ``eps=True``
+    must not hit the entry of ``eps=1.0`` (the check refuses the first)."""
+    number = scale if isinstance(scale, torch.Tensor) else (type(scale), scale)
+    return plan_key("all_reduce_rmsnorm", x, weight, residual, (type(eps), eps), out_dtype, number)
 
 
 def _fail(ctx, message: str, kind=ValueError):
@@ -107,29 +141,44 @@ def all_reduce_rmsnorm(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float = 
     ctx = team(ctx, group)  # the whole world, or a group of ctx.new_group
     if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
         raise multinode.refuse(ctx, "all_reduce_rmsnorm")
+    key = None if ctx.debug else _key(x, weight, eps, residual, out_dtype, scale)
+    cache = ctx.resource(RESOURCE_KEY, PlanCache)
+    entry = None if key is None else cache.get(key)
+    if entry is not None and entry.generation == ctx._resources.generation:
+        # A hit: an earlier call on the same memory (addresses, shapes, strides, dtypes, options)
+        # passed every check and agreed with the peers; the stage and sync block have not moved.
+        source = x if entry.stage is None else entry.stage.copy_(x)
+        h = torch.empty_like(x)  # new tensors on every call: the caller keeps the last ones
+        out = torch.empty(x.shape, dtype=entry.out_dtype, device=x.device)
+        entry.launch(source, residual, weight, out, h, scale if isinstance(scale, torch.Tensor) else None,
+                     *entry.rest)
+        return out, h
     _check(ctx, x, weight, eps, residual, out_dtype, scale)
     tokens, hidden = x.shape
     fp8 = out_dtype is not None
     ctx.agree_in_debug("all_reduce_rmsnorm", tuple(x.shape), x.dtype, residual is None, str(out_dtype))
     # Allocated on every rank whether or not x is on the heap: allocations stay in step.
     stage = input_stage(ctx, x.numel(), x.dtype).view(x.shape)
-    source = x if ctx.is_symmetric(x) else stage.copy_(x)
+    symmetric = ctx.is_symmetric(x)
+    source = x if symmetric else stage.copy_(x)
     h = torch.empty_like(x)
     out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
-    if tokens == 0:  # the same on every rank: nobody launches
+    if tokens == 0:  # the same on every rank: nobody launches (nor is anything kept)
         return out, h
     scale_ptr = scale if isinstance(scale, torch.Tensor) else None
     scale_value = float(scale) if fp8 and scale_ptr is None else 1.0
     block_h = triton.next_power_of_2(hidden)
     programs = max(1, min(tokens, ctx.platform.program_limit, MAX_PROGRAMS))  # the same on every rank
-    all_reduce_rmsnorm_kernel[(programs,)](
-        source, residual, weight, out, h,
-        scale_ptr, scale_value, tokens, hidden, float(eps),
-        workspace(ctx).sync,
-        ctx.rank, ctx.world_size, ctx.heap_bases,
-        FP8_OUT=fp8, ROUND_FP8_IN_FP32=fp8 and ctx.platform.simulator,
-        BLOCK_H=block_h, WORLD_BLOCK=triton.next_power_of_2(ctx.world_size), num_warps=num_warps(block_h),
+    rest = (scale_value, tokens, hidden, float(eps), workspace(ctx).sync, ctx.rank, ctx.world_size, ctx.heap_bases)
+    launch = prepare(
+        all_reduce_rmsnorm_kernel, (programs,), (source, residual, weight, out, h, scale_ptr, *rest),
+        {"FP8_OUT": fp8, "ROUND_FP8_IN_FP32": fp8 and ctx.platform.simulator,
+         "BLOCK_H": block_h, "WORLD_BLOCK": triton.next_power_of_2(ctx.world_size)},
+        num_warps=num_warps(block_h),
     )
+    if key is not None:
+        # The generation after input_stage: a stage that grew in this call is the one recorded.
+        cache.put(key, _Entry(launch, None if symmetric else stage, rest, out.dtype, ctx._resources.generation))
     return out, h
 
 
