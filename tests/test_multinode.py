@@ -164,9 +164,10 @@ def _fused_on_device(ctx, w, r, A, B):
             (ar - total).abs().max().item() / scale], refused
 
 
-@pytest.mark.parametrize("world", LAYOUTS)
-def test_the_split_fused_ops_across_two_nodes_give_the_flat_result(world):
-    for errors, refused in nodes_pool(world).run(_fused):
+@pytest.mark.parametrize("world,nodes", [(4, 2), (6, 2), (6, 3)], ids=["2nodes_x2", "2nodes_x3", "3nodes_x2"])
+def test_the_split_fused_ops_across_nodes_give_the_flat_result(world, nodes):
+    # Three nodes: the overlapped steps (one node's blocks at a time) in a non-trivial order.
+    for errors, refused in get_pool(world, TRIDENT_NODES=str(nodes)).run(_fused):
         assert max(errors) < 5e-3, errors
         for name, message in refused.items():
             assert f"trident.ops.{name} does not run across nodes" in message, message

@@ -2,19 +2,21 @@
 
 With N nodes of L ranks (world rank ``r = n * L + l``, see :mod:`trident.runtime.nodes`):
 
-* ``gemm_reduce_scatter``: A's row blocks are reordered so that the blocks bound for local rank
-  ``l`` of any node come together; the fused op then runs over the node (each local rank gets
-  the node's sum of its N blocks) and a reduce-scatter across nodes (torch.distributed, the
-  ranks with the same local rank) leaves each rank its block of the world's sum.
+* ``gemm_reduce_scatter``: for each node n, the fused op over the node on the rows bound for node
+  n's ranks leaves local rank ``l`` the node's sum of block ``(n, l)``; a reduce across nodes
+  (torch.distributed, the ranks with the same local rank) to rank ``(n, l)`` adds the nodes' sums.
 * ``all_gather_gemm``: an all-gather across nodes brings the rows of local rank ``l`` of every
-  node; the fused op gathers those over the node while multiplying; the rows are put back in
-  world order.
+  node; for each node, the fused op gathers that node's rows over the node while multiplying,
+  straight into C's rows of that node.
 * ``gemm_all_reduce``: the fused op over the node, an all-reduce across nodes of this local
   rank's 1/L of the rows, an all-gather in the node.
 
-The inter-node step runs before (all_gather_gemm) or after (the others) the fused step, not
-overlapped with it. ``gemm_all_scatter``, ``all_reduce_rmsnorm``, ``moe_dispatch`` and
-``moe_combine`` refuse with :func:`refuse`: run them in a node's group. See docs/multi-node.md.
+The inter-node step overlaps the fused step where the data allows: all_gather_gemm multiplies
+its own node's rows while the rows of the other nodes travel, and gemm_reduce_scatter computes the
+blocks bound for one node at a time, reducing each across nodes (``dist.reduce`` to its owner, on
+NCCL's stream) while the next is computed. gemm_all_reduce runs its steps one after the other.
+``gemm_all_scatter``, ``all_reduce_rmsnorm``, ``moe_dispatch`` and ``moe_combine`` refuse with
+:func:`refuse`: run them in a node's group. See docs/multi-node.md.
 """
 
 from __future__ import annotations
@@ -61,14 +63,18 @@ def gemm_reduce_scatter(ctx, A, B, C, **options) -> torch.Tensor:
         raise ValueError(f"rank {ctx.rank}: gemm_reduce_scatter: A has {M} rows and C shape {tuple(C.shape)}; "
                          f"expected rows divisible by world_size = {ctx.world_size} and C of "
                          f"({M // ctx.world_size}, {cols})")
-    m = M // ctx.world_size
-    # Row block (n, l) of the world ends on local rank l of node n: group the blocks by local rank.
-    arranged = A.reshape(nodes, size, m, K).transpose(0, 1).reshape(M, K)
-    mine = torch.empty(nodes * m, cols, dtype=C.dtype, device=C.device)
-    fused(ctx, arranged, B, mine, group=node, **options)
-    out = C if C.is_contiguous() else torch.empty_like(C, memory_format=torch.contiguous_format)
-    cross.reduce_scatter(out, mine)
-    return C if out is C else C.copy_(out)
+    m, me, dsts = M // ctx.world_size, ctx._hierarchy.topology.node, ctx._hierarchy.cross_ranks
+    # Node n's row blocks, one after another: the fused op leaves local rank l the node's sum of block
+    # (n, l), whose reduction to rank (n, l) across nodes runs while the next node's blocks are computed.
+    per_node, pending = A.contiguous().view(nodes, size * m, K), []
+    for n in range(nodes):
+        mine = torch.empty(m, cols, dtype=C.dtype, device=C.device)
+        fused(ctx, per_node[n], B, mine, group=node, **options)
+        pending.append((mine, cross.reduce(mine, dsts[n], async_op=True)))
+    for _, work in pending:
+        if work is not None:
+            work.wait()
+    return C.copy_(pending[me][0])
 
 
 def all_gather_gemm(ctx, A_local, B, C, **options) -> torch.Tensor:
@@ -81,11 +87,18 @@ def all_gather_gemm(ctx, A_local, B, C, **options) -> torch.Tensor:
     if C.shape != (ctx.world_size * m, cols):
         raise ValueError(f"rank {ctx.rank}: all_gather_gemm: C has shape {tuple(C.shape)}, expected "
                          f"({ctx.world_size * m}, {cols})")
+    me, A_local = ctx._hierarchy.topology.node, A_local.contiguous()
     across = torch.empty(nodes * m, K, dtype=A_local.dtype, device=A_local.device)
-    cross.all_gather(across, A_local.contiguous())  # local rank l of every node
-    product = torch.empty(size * nodes * m, cols, dtype=C.dtype, device=C.device)  # [local rank, node, m]
-    fused(ctx, across, B, product, group=node, **options)
-    return C.copy_(product.view(size, nodes, m, cols).transpose(0, 1).reshape(C.shape))
+    work = cross.all_gather(across, A_local, async_op=True)  # local rank l of every node, meanwhile:
+    out = C if C.is_contiguous() else torch.empty_like(C, memory_format=torch.contiguous_format)
+    rows = out.view(nodes, size * m, cols)  # node n's rows of C, gathered over the node from its local ranks
+    fused(ctx, A_local, B, rows[me], group=node, **options)  # my node's rows need nothing from other nodes
+    if work is not None:
+        work.wait()
+    for n in range(nodes):
+        if n != me:
+            fused(ctx, across[n * m:(n + 1) * m], B, rows[n], group=node, **options)
+    return C if out is C else C.copy_(out)
 
 
 def gemm_all_reduce(ctx, A, B, C, **options) -> torch.Tensor:

@@ -202,27 +202,37 @@ class CrossNodes:
         else:
             self.group = dist.new_group(ranks, backend="gloo" if shares_gpu else None)
 
-    def _run(self, call, out, inp=None, reduce: bool = False) -> None:
-        """``call(out, inp)`` on the group (``inp`` None: in place); through the host where members share a GPU."""
+    def _run(self, call, out, inp=None, reduce: bool = False):
+        """``call(out, inp)`` on the group (``inp`` None: in place), returning what it returns (an async
+        call's Work); through the host where members share a GPU, then synchronously (returns None)."""
         if not self.shares_gpu:
-            call(out, out if inp is None else inp)
-            return
+            return call(out, out if inp is None else inp)
         dtype = torch.float32 if reduce and out.dtype in (torch.float16, torch.bfloat16) else out.dtype
         host_out = out.to("cpu", dtype)  # a copy: in-place calls read it
-        call(host_out, host_out if inp is None else inp.to("cpu", dtype))
+        work = call(host_out, host_out if inp is None else inp.to("cpu", dtype))
+        if work is not None:
+            work.wait()
         out.copy_(host_out)
+        return None
 
     def all_reduce(self, tensor, op=dist.ReduceOp.SUM):
         """``dist.all_reduce`` of ``tensor``, in place."""
         self._run(lambda o, i: dist.all_reduce(o, op=op, group=self.group), tensor, reduce=True)
 
+    def reduce(self, tensor, dst: int, op=dist.ReduceOp.SUM, async_op: bool = False):
+        """``dist.reduce`` of ``tensor`` to world rank ``dst``, in place there; a Work with ``async_op``
+        (None when it already finished)."""
+        return self._run(lambda o, i: dist.reduce(o, dst, op=op, group=self.group, async_op=async_op), tensor,
+                         reduce=True)
+
     def reduce_scatter(self, out, inp, op=dist.ReduceOp.SUM):
         """``dist.reduce_scatter_tensor(out, inp)``."""
         self._run(lambda o, i: dist.reduce_scatter_tensor(o, i, op=op, group=self.group), out, inp, reduce=True)
 
-    def all_gather(self, out, inp):
-        """``dist.all_gather_into_tensor(out, inp)``."""
-        self._run(lambda o, i: dist.all_gather_into_tensor(o, i, group=self.group), out, inp)
+    def all_gather(self, out, inp, async_op: bool = False):
+        """``dist.all_gather_into_tensor(out, inp)``; a Work with ``async_op`` (None when it already finished)."""
+        return self._run(lambda o, i: dist.all_gather_into_tensor(o, i, group=self.group, async_op=async_op),
+                         out, inp)
 
     def all_to_all(self, out, inp, out_splits=None, in_splits=None):
         """``dist.all_to_all_single(out, inp, out_splits, in_splits)``."""
