@@ -228,3 +228,29 @@ def test_a_torch_group_whose_ranks_share_a_gpu_runs_through_the_host():
         assert shard == [float(w * (2 * r + i)) for i in range(2)]
         assert gathered == [p * 10 for p in range(w)] and swapped == [p * 100 + r for p in range(w)]
         assert b == [float(w - 1)] * 2
+
+
+def _uneven_all_to_all_v(ctx):
+    import trident
+
+    w, r = ctx.world_size, ctx.rank
+
+    def count(src, dst):  # rows src sends dst: 0 to 3, zeros included
+        return (src * 7 + dst * 3) % 4
+
+    buf = ctx.empty(w * 3, 2, dtype=torch.int64)  # the same capacity everywhere; a slice is sent
+    rows = [torch.tensor([[r * 1000 + p * 10 + i, p] for i in range(count(r, p))], dtype=torch.int64).view(-1, 2)
+            for p in range(w)]
+    inp = buf[:sum(count(r, p) for p in range(w))]
+    inp.copy_(torch.cat(rows).to(ctx.device))
+    out = torch.empty(sum(count(p, r) for p in range(w)), 2, dtype=torch.int64, device=ctx.device)
+    trident.ccl.all_to_all_v(ctx, out, inp, out_splits=[count(p, r) for p in range(w)],
+                             in_splits=[count(r, p) for p in range(w)])
+    return out.cpu().tolist()
+
+
+@pytest.mark.parametrize("world,nodes", [(4, 2), (6, 3)], ids=["2nodes_x2", "3nodes_x2"])
+def test_all_to_all_v_across_nodes_with_uneven_and_empty_splits(world, nodes):
+    for r, got in enumerate(get_pool(world, TRIDENT_NODES=str(nodes)).run(_uneven_all_to_all_v)):
+        want = [[p * 1000 + r * 10 + i, r] for p in range(world) for i in range((p * 7 + r * 3) % 4)]
+        assert got == want, (r, got, want)

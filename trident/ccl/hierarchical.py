@@ -12,12 +12,13 @@ its own NIC, in N - 1 steps instead of a flat ring's W - 1. The steps run one af
 (no overlap yet); data is laid out so that every step is one call on contiguous memory, with a
 local permutation where the world's rank order needs it. Intermediate buffers live in the node's
 workspace on the heap, so the intra-node kernels read them without staging. The results equal the
-flat collectives' (integers exactly; floats up to the summation order). ``all_to_all_v`` is not
-hierarchical yet: it is ``all_to_all_single`` over the world. The cost model: docs/multi-node.md.
+flat collectives' (integers exactly; floats up to the summation order). ``all_to_all_v`` first
+exchanges every rank's split sizes on the host. The cost model: docs/multi-node.md.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -132,8 +133,9 @@ def broadcast(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
 
 
 def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits) -> torch.Tensor:
-    """Not hierarchical yet: ``torch.distributed.all_to_all_single`` over the whole world, with the
-    split sizes read on the host (device tensors of splits are copied to it: a host sync)."""
+    """Rows to the local rank that shares the destination's local rank (trident, in the node), then
+    across nodes (torch.distributed). Every rank's split sizes are exchanged on the host first (the
+    intermediate row counts follow from them; device tensors of splits are copied to the host: a sync)."""
     flat._check(ctx, "all_to_all_v", out=out, inp=inp)
     flat._check_rows(ctx, out, inp, "all_to_all_v")
     inner = math.prod(inp.shape[1:])
@@ -143,6 +145,34 @@ def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_split
             raise ValueError(f"rank {ctx.rank}: all_to_all_v: {name} {split} must hold world_size = "
                              f"{ctx.world_size} non-negative row counts summing to the {rows} rows along dim 0")
     ctx.agree_in_debug("all_to_all_v", tuple(inp.shape[1:]), inp.dtype)
-    ctx._hierarchy.world.all_to_all(out.view(-1), inp.reshape(-1), [r * inner for r in sizes[0]],
-                                    [r * inner for r in sizes[1]])
+    node, cross, nodes, size = _parts(ctx, "all_to_all_v")
+    sent = ctx.all_gather_object("all_to_all_v split sizes", sizes[1])  # sent[p][q]: rows p sends q
+    me, mine = ctx._hierarchy.topology.node, node.rank
+    home = [me * size + s for s in range(size)]  # my node's ranks, by local rank
+
+    def rank(n, local):
+        return n * size + local
+
+    # Step 1, in the node: to local rank l go my rows for (n, l), every node n in order.
+    starts = [0, *itertools.accumulate(sizes[1])]
+    order = [rank(n, local) for local in range(size) for n in range(nodes)]
+    send = _buffer(node, "a2av", max(sum(row) for row in sent) * inner, inp.dtype)  # same size on every rank
+    send = send[:inp.shape[0] * inner].view(inp.shape)
+    if order:
+        torch.cat([inp[starts[p]:starts[p] + sizes[1][p]] for p in order], out=send)
+    from_home = [sum(sent[s][rank(n, mine)] for n in range(nodes)) for s in home]  # [source local rank][node]
+    got = torch.empty(sum(from_home), *inp.shape[1:], dtype=inp.dtype, device=inp.device)
+    flat.all_to_all_v(ctx, got, send, out_splits=from_home,
+                      in_splits=[sum(sizes[1][rank(n, local)] for n in range(nodes)) for local in range(size)],
+                      group=node)
+    # Step 2, across nodes: to node n go the rows of every source in my node for (n, mine), by source.
+    at, pieces = 0, {}
+    for s in home:
+        for n in range(nodes):
+            pieces[s, n] = got[at:at + sent[s][rank(n, mine)]]
+            at += sent[s][rank(n, mine)]
+    across = torch.cat([pieces[s, n] for n in range(nodes) for s in home]) if pieces else got
+    to_node = [sum(sent[s][rank(n, mine)] for s in home) for n in range(nodes)]
+    from_node = [sum(sent[rank(n, s)][ctx.rank] for s in range(size)) for n in range(nodes)]
+    cross.all_to_all(out.view(-1), across.reshape(-1), [r * inner for r in from_node], [r * inner for r in to_node])
     return out
