@@ -88,11 +88,11 @@ def script(name: str, path: str, ranks: int, *args: str, limit: int) -> Step:
     return Step(name, ("{py}", "-m", "trident", "run", "-n", str(ranks), path, *args), limit)
 
 
-#: pytest-xdist's arguments for the GPU test run: six workers, each running whole modules (its own
+#: pytest-xdist's arguments for the GPU test run: five workers, each running whole modules (its own
 #: rank pools), in the order tests/conftest.py gives them (slow modules first: xdist's own reorder
 #: puts one-test modules such as the stress test last, where they ran alone past the time limit);
 #: nothing where pytest-xdist is missing.
-XDIST = ("-n", "6", "--dist", "loadfile", "--no-loadscope-reorder") if importlib.util.find_spec("xdist") else ()
+XDIST = ("-n", "5", "--dist", "loadfile", "--no-loadscope-reorder") if importlib.util.find_spec("xdist") else ()
 #: The machine, driver and versions the results came from (``trident info``), first in every GPU suite.
 INFO = Step("info", ("{py}", "-m", "trident", "info"), 60)
 #: Markdown tables of every results record the suite wrote (for docs/figures.md).
@@ -119,7 +119,7 @@ def _p2p() -> list[Step]:
 #: Every suite by name: its steps, run in this order.
 SUITES: dict[str, list[Step]] = {
     # The whole test suite on the GPU.
-    # Ranks concurrent under MPS, each its share of the SMs; six pytest-xdist workers (whole modules each).
+    # Ranks concurrent under MPS, each its share of the SMs; five pytest-xdist workers (whole modules each).
     # Tests that must run alone run last, serially (tests/conftest.py: those that kill ranks, since a fatal
     # GPU error under MPS reaches every client of the daemon, and those that measure the whole GPU).
     "gpu-tests": [INFO, pytest("pytest_cuda", "--mps", *XDIST, "-m", "not (kills_ranks or device_wide)", limit=430),
