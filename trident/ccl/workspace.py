@@ -23,8 +23,9 @@ class Workspace:
     Attributes:
         sync: the kernels' sync block (int64; layout in :mod:`trident.ccl.kernels`), zeroed once.
         table: ``3 * world_size`` int64 words: the split table of ``all_to_all_v``.
-        plans: the recorded calls of the small-message path (:mod:`trident.kernels.prepared`),
-            forgotten whenever a buffer grows (a plan holds the buffers' addresses).
+        plans: the recorded calls of the small-message path (:mod:`trident.kernels.prepared`);
+            read them through :meth:`current_plans`, which forgets them whenever a buffer moved
+            (a plan holds the buffers' addresses).
     """
 
     def __init__(self, ctx):
@@ -57,12 +58,17 @@ class Workspace:
         if grower is None:
             grower = self._buffers[name] = GrowingBuffer(self.ctx)
         nbytes = numel * dtype.itemsize
-        generation = grower.generation
-        buffer = grower.get(nbytes)[:nbytes].view(dtype)  # [:nbytes]: get() gives at least one byte
-        if grower.generation != generation:
-            self.plans.clear()  # the old buffer is freed: no plan may launch on it again
+        # A buffer that grows starts a new generation of the context's resources: the plans that
+        # launched on the old one are dropped (:meth:`current_plans`).
+        return grower.get(nbytes)[:nbytes].view(dtype)  # [:nbytes]: get() gives at least one byte
+
+    def current_plans(self) -> PlanCache:
+        """The plans, emptied first when a buffer moved since they were recorded (one grew, or a
+        ``heap_scope`` freed one): the generation of the context's resources changed."""
+        if self.plans_generation != self.ctx._resources.generation:
+            self.plans.clear()
             self.plans_generation = self.ctx._resources.generation
-        return buffer
+        return self.plans
 
 
 def workspace(ctx) -> Workspace:
@@ -85,12 +91,7 @@ def replay(ctx, key) -> bool:
     """Run the plan recorded for ``key``, if there is one (never in the debug mode); whether it ran."""
     if key is None or ctx.debug:
         return False
-    ws = workspace(ctx)
-    if ws.plans_generation != ctx._resources.generation:  # a buffer moved (grew, or a heap_scope freed it)
-        ws.plans.clear()
-        ws.plans_generation = ctx._resources.generation
-        return False
-    plan = ws.plans.get(key)
+    plan = workspace(ctx).current_plans().get(key)
     if plan is None:
         return False
     plan()
@@ -104,8 +105,8 @@ def new_plan(ctx, key) -> Plan | None:
 
 def keep_plan(ctx, key, plan: Plan | None) -> None:
     """Remember a plan once its call has passed every check and launched."""
-    if plan is not None:
-        workspace(ctx).plans.put(key, plan)
+    if plan is not None:  # its buffers were taken before its launches: it holds the current ones
+        workspace(ctx).current_plans().put(key, plan)
 
 
 def run_step(plan: Plan | None, step) -> None:

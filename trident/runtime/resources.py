@@ -83,7 +83,6 @@ class GrowingBuffer:
         self.ctx = ctx
         self.zeroed = zeroed
         self.tensor: torch.Tensor | None = None
-        self.generation = 0  # times (re)allocated: callers caching views of it compare this
         ctx._resources.buffers.add(self)
 
     def get(self, nbytes: int) -> torch.Tensor:
@@ -112,7 +111,6 @@ class GrowingBuffer:
             if self.zeroed:
                 self.ctx.device_barrier()  # every rank zeroed its copy before any peer writes into it
             self.tensor = fresh
-            self.generation += 1
         return self.tensor[:nbytes]
 
     def forget(self) -> None:
