@@ -67,8 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="trident bench all-load|all-store", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=["load", "store"], required=True)
-    parser.add_argument("--min-bytes", type=harness.parse_bytes, default=4 << 10, help="smallest B (default 4K)")
-    parser.add_argument("--max-bytes", type=harness.parse_bytes, default=2 << 30, help="largest B (default 2G)")
+    harness.add_size_range_args(parser, 4 << 10, 2 << 30, what="B")
     parser.add_argument("--factor", type=int, default=2, help="B grows by this factor")
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--block", type=int, default=4096, help="elements per program")

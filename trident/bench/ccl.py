@@ -53,8 +53,7 @@ def _cases(ctx, nbytes: int, dtype: torch.dtype, with_nccl: bool):
 def parse_args(argv=None) -> argparse.Namespace:
     """The benchmark's arguments (``trident bench ccl --help``)."""
     parser = argparse.ArgumentParser(prog="trident bench ccl", description=__doc__)
-    parser.add_argument("--min-bytes", type=harness.parse_bytes, default=1 << 10)
-    parser.add_argument("--max-bytes", type=harness.parse_bytes, default=1 << 30)
+    harness.add_size_range_args(parser, 1 << 10, 1 << 30, what="message")
     parser.add_argument("--dtype", default="bfloat16")
     harness.add_common_args(parser, "ccl", warmup=5, repeats=20)
     return parser.parse_args(argv)

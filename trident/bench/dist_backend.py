@@ -27,8 +27,7 @@ from . import harness
 def parse_args(argv=None) -> argparse.Namespace:
     """The benchmark's arguments (``trident bench dist-backend --help``)."""
     parser = argparse.ArgumentParser(prog="trident bench dist-backend", description=__doc__)
-    parser.add_argument("--min-bytes", type=harness.parse_bytes, default=1 << 10)
-    parser.add_argument("--max-bytes", type=harness.parse_bytes, default=1 << 20)
+    harness.add_size_range_args(parser, 1 << 10, 1 << 20, what="message")
     parser.add_argument("--dtype", default="bfloat16")
     harness.add_common_args(parser, "dist_backend", warmup=10, repeats=100)
     return parser.parse_args(argv)

@@ -57,6 +57,19 @@ def add_common_args(parser: argparse.ArgumentParser, name: str, warmup: int = 3,
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def add_size_range_args(parser: argparse.ArgumentParser, min_bytes: int, max_bytes: int, what: str = "size") -> None:
+    """Add ``--min-bytes`` and ``--max-bytes`` (``4K``, ``1M``, ``2G`` accepted) to a benchmark's parser.
+
+    Example::
+
+        add_size_range_args(parser, 1 << 10, 1 << 30, what="message")
+    """
+    parser.add_argument("--min-bytes", type=parse_bytes, default=min_bytes,
+                        help=f"smallest {what} (default {human_bytes(min_bytes)})")
+    parser.add_argument("--max-bytes", type=parse_bytes, default=max_bytes,
+                        help=f"largest {what} (default {human_bytes(max_bytes)})")
+
+
 def time_ms(ctx, fn, warmup: int, repeats: int) -> float:
     """Median milliseconds of one ``fn()`` call on this rank.
 
