@@ -49,25 +49,18 @@ class Plan:
 
     A step is a callable without arguments: a prepared kernel launch (:func:`launch`), a copy
     (:func:`copy`), or any host step that must run again on every call
-    (``plan.steps.append(lambda: out.copy_(stage))``). A call whose work includes something a
-    replay cannot repeat marks its plan with :meth:`cannot_replay`; such a plan is never kept.
+    (``plan.steps.append(lambda: out.copy_(stage))``).
     """
 
-    __slots__ = ("steps", "replayable", "why_not", "owned")
+    __slots__ = ("steps", "owned")
 
     def __init__(self):
         self.steps: list[Callable[[], object]] = []
-        self.replayable = True
-        self.why_not = ""
         self.owned: list[torch.Tensor] = []  # scratch the steps launch on, kept alive with the plan
 
     def own(self, *tensors: torch.Tensor) -> None:
         """Keep ``tensors`` (scratch the recorded launches use, not the caller's) alive with the plan."""
         self.owned.extend(tensors)
-
-    def cannot_replay(self, why: str) -> None:
-        """Mark the plan as not to be replayed (``why`` says what a replay would miss)."""
-        self.replayable, self.why_not = False, why
 
     def __call__(self) -> None:
         for step in self.steps:

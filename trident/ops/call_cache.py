@@ -104,5 +104,5 @@ def run(ctx, key, call: FusedCall) -> None:
     plan, generation = Plan(), ctx._resources.generation
     dataclasses.replace(call, plan=plan).run()
     # A run that grew a buffer may have launched on the old one first: the next call records afresh.
-    if plan.replayable and ctx._resources.generation == generation:
+    if ctx._resources.generation == generation:
         entry.plan, entry.generation = plan, generation

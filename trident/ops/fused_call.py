@@ -147,11 +147,6 @@ class FusedCall:
         if self.plan is not None:
             self.plan.own(*tensors)
 
-    def cannot_replay(self, why: str) -> None:
-        """This run does work a replay of its launches would miss (``why``): it is not recorded."""
-        if self.plan is not None:
-            self.plan.cannot_replay(why)
-
 
 def prepare_call(ctx, spec: OpSpec, pattern: str, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, *,
                  gemm: tuple[int, int, int], size: int, config: MatmulConfig | None, comm_programs: int | None,
