@@ -1,7 +1,9 @@
-"""Where the host time of one call goes (dev tool, one GPU): cProfile over repeated calls of
-trident.ops.matmul and gemm_all_scatter(fused_sequential) at one rank, top entries by own time.
+"""Where the host time of one call goes (dev tool, one GPU): cProfile over repeated calls of the
+host cases of ``trident bench latency`` (the same calls, the same shapes), top entries by own time.
 
-    PYTHONPATH=$PWD TRIDENT_BACKEND=cuda python3 scripts/host_profile.py [M N K]
+    PYTHONPATH=$PWD TRIDENT_BACKEND=cuda python3 scripts/host_profile.py ["gemm_all_reduce small" ...]
+
+Each argument picks the cases whose name contains it (default: every fused op, both shapes).
 """
 
 import cProfile
@@ -11,21 +13,16 @@ import sys
 import torch
 
 import trident
+from trident.bench.latency import _host_cases
 
 
 def main():
-    M, N, K = (int(x) for x in sys.argv[1:4]) if len(sys.argv) > 3 else (4096, 4096, 4096)
+    wanted = sys.argv[1:]
     ctx = trident.init(heap_size=2 << 30)
-    A = torch.randn(M, K, device=ctx.device, dtype=torch.bfloat16)
-    B = torch.randn(K, N, device=ctx.device, dtype=torch.bfloat16)
-    C = ctx.empty(M, N, dtype=torch.bfloat16)
-    out = torch.empty(M, N, device=ctx.device, dtype=torch.bfloat16)
-    calls = {"matmul": lambda: trident.ops.matmul(A, B, out=out),
-             "gemm_all_scatter fused_sequential": lambda: trident.ops.gemm_all_scatter(
-                 ctx, A, B, C, pattern="fused_sequential"),
-             "gemm_all_scatter workgroup_specialized": lambda: trident.ops.gemm_all_scatter(
-                 ctx, A, B, C, pattern="workgroup_specialized")}
-    for name, fn in calls.items():
+    cases, keep = _host_cases(ctx, small_only=False)
+    for name, group, fn in cases:
+        if (wanted and not any(w in name for w in wanted)) or (not wanted and group != "fused op"):
+            continue
         for _ in range(5):
             fn()
         torch.cuda.synchronize()
@@ -37,7 +34,10 @@ def main():
         prof.disable()
         torch.cuda.synchronize()
         print(f"== {name}: 50 calls")
-        pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+        stats = pstats.Stats(prof)
+        stats.sort_stats("tottime").print_stats(16)
+        stats.sort_stats("cumulative").print_stats(30)
+    del keep
     ctx.close()
 
 

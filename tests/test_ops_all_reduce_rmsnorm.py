@@ -374,7 +374,8 @@ from trident.ops.all_reduce_rmsnorm_kernels import all_reduce_rmsnorm_kernel as 
 
 COMMON = {"weight_ptr": "*bf16", "h_ptr": "*bf16", "scale_value": "fp32", "tokens": "i32", "hidden": "i32",
           "eps": "fp32", "sync_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64",
-          "FP8_OUT": "constexpr", "ROUND_FP8_IN_FP32": "constexpr", "BLOCK_H": "constexpr", "WORLD_BLOCK": "constexpr"}
+          "FP8_OUT": "constexpr", "ROUND_FP8_IN_FP32": "constexpr", "STAGE": "constexpr", "BLOCK_H": "constexpr",
+          "WORLD_BLOCK": "constexpr"}
 CASES = {  # name: (x and residual, out, residual given, scale: None, "value" or "tensor")
     "bf16 residual": ("*bf16", "*bf16", True, None),
     "fp16 no residual": ("*fp16", "*fp16", False, None),
@@ -384,9 +385,11 @@ CASES = {  # name: (x and residual, out, residual given, scale: None, "value" or
 results = {}
 for name, (xt, ot, residual, scale) in CASES.items():
     for ones in (False, True):
-        signature = {**COMMON, "x_ptr": xt, "out_ptr": ot, "residual_ptr": xt if residual else "constexpr",
+        signature = {**COMMON, "src_ptr": xt, "x_ptr": xt, "out_ptr": ot,
+                     "residual_ptr": xt if residual else "constexpr",
                      "scale_ptr": "*fp32" if scale == "tensor" else "constexpr"}
-        constexprs = {"FP8_OUT": scale is not None, "ROUND_FP8_IN_FP32": False, "BLOCK_H": 4096, "WORLD_BLOCK": 8}
+        constexprs = {"FP8_OUT": scale is not None, "ROUND_FP8_IN_FP32": False, "STAGE": ones,  # both ways
+                      "BLOCK_H": 4096, "WORLD_BLOCK": 8}
         if not residual:
             constexprs["residual_ptr"] = None
         if scale != "tensor":

@@ -13,16 +13,17 @@ broadcast results, see examples/05_fused_allreduce_rmsnorm.py).
 
 Sync: the collectives' protocol (``trident.ccl.kernels``): the entry sync publishes where my ``x``
 lies on the heap (ranks may pass different heap tensors, or plain ones staged through the ccl
-workspace's input buffer) and waits until every peer's ``x`` is written; the exit sync waits until
-every peer has read my ``x``, so the next call may overwrite it. Epochs live on the device: no host
-synchronisation inside, CUDA-graph replays stay correct.
+workspace's input buffer, which the kernel fills before this sync) and waits until every peer's
+``x`` is written; the exit sync waits until every peer has read my ``x``, so the next call may
+overwrite it. Epochs live on the device: no host synchronisation inside, CUDA-graph replays stay
+correct.
 
 Small calls: a decode loop calls this every layer on the same buffers, where the checks, workspace
 lookups and Triton's launch path would cost ten times what the kernel does on the host. A call's
 key (:func:`~trident.kernels.prepared.plan_key`: the operands' addresses, shapes, strides and dtypes,
 and the options) finds what its first call decided and the compiled launch
 (:func:`~trident.kernels.prepared.prepare`); a later call with that key only allocates its new
-``out`` and ``h``, stages ``x`` if it is not on the heap, and launches. An entry is used only in the
+``out`` and ``h`` and launches (the kernel stages a plain ``x`` itself: no copy launch). An entry is used only in the
 generation of the context's resources it was made in: a staging buffer that grew, or a
 ``heap_scope`` that ended, makes the next call take the full path again. The debug mode keeps none.
 """
@@ -56,7 +57,7 @@ RESOURCE_KEY = "ops.all_reduce_rmsnorm"
 
 
 class _Entry:
-    """What a call with one key decided: the compiled launch, the heap stage ``x`` is copied into
+    """What a call with one key decided: the compiled launch, the heap stage the kernel copies ``x`` into
     (None: ``x`` is on the heap), the launch's arguments after the call's own tensors (from
     ``scale_value`` on), ``out``'s dtype, and the resources' generation the stage and sync block
     are valid in. It holds none of the caller's tensors (the stage and sync block are the
@@ -147,11 +148,10 @@ def all_reduce_rmsnorm(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float = 
     if entry is not None and entry.generation == ctx._resources.generation:
         # A hit: an earlier call on the same memory (addresses, shapes, strides, dtypes, options)
         # passed every check and agreed with the peers; the stage and sync block have not moved.
-        source = x if entry.stage is None else entry.stage.copy_(x)
         h = torch.empty_like(x)  # new tensors on every call: the caller keeps the last ones
         out = torch.empty(x.shape, dtype=entry.out_dtype, device=x.device)
-        entry.launch(source, residual, weight, out, h, scale if isinstance(scale, torch.Tensor) else None,
-                     *entry.rest)
+        entry.launch(x, x if entry.stage is None else entry.stage, residual, weight, out, h,
+                     scale if isinstance(scale, torch.Tensor) else None, *entry.rest)
         return out, h
     _check(ctx, x, weight, eps, residual, out_dtype, scale)
     tokens, hidden = x.shape
@@ -160,7 +160,7 @@ def all_reduce_rmsnorm(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float = 
     # Allocated on every rank whether or not x is on the heap: allocations stay in step.
     stage = input_stage(ctx, x.numel(), x.dtype).view(x.shape)
     symmetric = ctx.is_symmetric(x)
-    source = x if symmetric else stage.copy_(x)
+    source = x if symmetric else stage  # a plain x is copied into the stage by the kernel itself
     h = torch.empty_like(x)
     out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     if tokens == 0:  # the same on every rank: nobody launches (nor is anything kept)
@@ -171,8 +171,8 @@ def all_reduce_rmsnorm(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float = 
     programs = max(1, min(tokens, ctx.platform.program_limit, MAX_PROGRAMS))  # the same on every rank
     rest = (scale_value, tokens, hidden, float(eps), workspace(ctx).sync, ctx.rank, ctx.world_size, ctx.heap_bases)
     launch = prepare(
-        all_reduce_rmsnorm_kernel, (programs,), (source, residual, weight, out, h, scale_ptr, *rest),
-        {"FP8_OUT": fp8, "ROUND_FP8_IN_FP32": fp8 and ctx.platform.simulator,
+        all_reduce_rmsnorm_kernel, (programs,), (x, source, residual, weight, out, h, scale_ptr, *rest),
+        {"FP8_OUT": fp8, "ROUND_FP8_IN_FP32": fp8 and ctx.platform.simulator, "STAGE": not symmetric,
          "BLOCK_H": block_h, "WORLD_BLOCK": triton.next_power_of_2(ctx.world_size)},
         num_warps=num_warps(block_h),
     )

@@ -4,7 +4,10 @@ One program per row group, persistent: program ``pid`` handles rows ``pid, pid +
 Every rank reduces every row itself (one-shot): it reads each peer's copy of the row
 (``reduce_tile``, rotated peer order, fp32), adds its local residual, normalises the row while it
 is in registers and stores ``h`` and ``out`` into its *own* (possibly plain) outputs. Nothing is
-written to peers, so no scratch and no middle sync are needed: the collectives' entry sync
+written to peers, so no scratch and no middle sync are needed. An input that is not on the heap
+is staged by the kernel itself: program ``pid`` copies its own rows into this rank's stage before
+the entry sync, and program ``pid`` of every peer reads exactly those rows (the same rows on every
+rank), so the sync's release publishes them; no separate copy launch. The collectives' entry sync
 (peers' inputs are ready, heap offsets exchanged through ``shift``) and exit sync (nobody reads my
 input any more, so the next call may overwrite it) bracket the work, with epochs on the device.
 """
@@ -41,18 +44,25 @@ def _round_to_e4m3(v):
 
 @triton.jit
 def all_reduce_rmsnorm_kernel(
-    x_ptr, residual_ptr, weight_ptr, out_ptr, h_ptr,  # x on the heap (peers read it); the rest local
+    src_ptr, x_ptr,                                   # the caller's x; x on the heap (peers read it)
+    residual_ptr, weight_ptr, out_ptr, h_ptr,         # local
     scale_ptr, scale_value, tokens, hidden, eps,      # fp8 scale: a 1-element tensor, else scale_value
     sync_ptr,
     rank, world_size, heap_bases,
-    FP8_OUT: tl.constexpr, ROUND_FP8_IN_FP32: tl.constexpr,
+    FP8_OUT: tl.constexpr, ROUND_FP8_IN_FP32: tl.constexpr, STAGE: tl.constexpr,
     BLOCK_H: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
-    """``h = sum over ranks of x (+ residual)``, ``out = h * rsqrt(mean(h^2) + eps) * weight`` per row."""
+    """``h = sum over ranks of x (+ residual)``, ``out = h * rsqrt(mean(h^2) + eps) * weight`` per row.
+
+    With ``STAGE``, ``x_ptr`` is the stage and ``src_ptr`` the caller's x; else both are x."""
     pid = arrival_ticket(sync_ptr + _ARRIVAL)  # programs by arrival: the k-th to start meets the k-th on every peer
-    epoch, shift = _enter(x_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     cols = tl.arange(0, BLOCK_H)
     in_row = cols < hidden
+    if STAGE:  # my rows into my stage; the previous call's readers of them passed its exit sync
+        for row in range(pid, tokens, tl.num_programs(0)):
+            offs = tl.cast(row, tl.int64) * hidden + cols
+            tl.store(x_ptr + offs, tl.load(src_ptr + offs, mask=in_row), mask=in_row)
+    epoch, shift = _enter(x_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     weight = tl.load(weight_ptr + cols, mask=in_row, other=0.0).to(tl.float32)
     if FP8_OUT:
         if scale_ptr is not None:
