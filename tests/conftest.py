@@ -7,7 +7,9 @@ GPUs round-robin (``LOCAL_RANK % device_count``), so several ranks may share one
 With pytest-xdist (``-n W --dist loadfile``) each worker runs whole modules with pools of its
 own; with ``--mps`` one daemon serves every worker and each rank gets ``100 / (MOST_RANKS * W)``
 percent of the SMs, so that every worker's ranks together never ask for more than the GPU has.
-With ``--mps`` the slowest modules come first (:data:`SLOW_FIRST`; pass ``--no-loadscope-reorder``,
+A rank that the daemon refuses a context while other workers' ranks come and go is started again
+(``RankPool``; ``trident.errors.ContextRefusedError``). With ``--mps`` the slowest modules come first
+(:data:`SLOW_FIRST`; pass ``--no-loadscope-reorder``,
 or xdist reorders modules by test count and runs one-test modules such as the stress test last).
 
 Some tests must run alone on the GPU, so with ``--mps`` and several xdist workers they are skipped,

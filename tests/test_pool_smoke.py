@@ -27,3 +27,53 @@ def test_pool_reports_the_failing_rank_and_recovers(pool2):
     else:
         raise AssertionError("the failure was not reported")
     assert pool2.run(_neighbour, 1) == [[1.0], [0.0]]
+
+
+REFUSED = ("--- rank 3 ---\nTraceback ...\ntrident.errors.ContextRefusedError: rank 3: CUDA refused a context on GPU 0 "
+           "(busy or unavailable): the MPS daemon ...\n")
+LATE = "--- rank {r} ---\nTraceback ...\ntrident.errors.RankTimeoutError: rank {r}: heap handle exchange timed out\n"
+
+
+def test_a_start_refused_a_context_is_retried_and_other_failures_are_not(monkeypatch):
+    from trident import testing
+
+    assert testing.refused_only("start-up failed on 4 rank(s):\n" + "".join(LATE.format(r=r) for r in range(3))
+                                + REFUSED)
+    assert not testing.refused_only("start-up failed on 3 rank(s):\n" + "".join(LATE.format(r=r) for r in range(3)))
+    assert not testing.refused_only("start-up failed on 2 rank(s):\n" + REFUSED
+                                    + "--- rank 0 ---\nValueError: heap_size=-1 must be positive\n")
+
+    attempts = []
+
+    def start_once(self, timeout, failures):
+        attempts.append(timeout)
+        if len(attempts) <= failures:
+            raise testing.RankFailure("start-up failed on 1 rank(s):\n" + REFUSED)
+
+    monkeypatch.setattr(testing, "REFUSED_PAUSE_S", 0.0)
+    pool = testing.RankPool(4)
+    monkeypatch.setattr(testing.RankPool, "_start_once", lambda self, t: start_once(self, t, 2))
+    pool._start(5.0)  # refused twice, then started
+    assert len(attempts) == 3
+    attempts.clear()
+    monkeypatch.setattr(testing.RankPool, "_start_once", lambda self, t: start_once(self, t, 99))
+    try:
+        pool._start(5.0)
+    except testing.RankFailure as exc:
+        assert "ContextRefusedError" in str(exc)
+    else:
+        raise AssertionError("a start refused every time was not reported")
+    assert len(attempts) == testing.START_ATTEMPTS
+
+
+def test_cuda_refusing_a_context_gets_a_clear_error(monkeypatch):
+    from trident.backends.cuda import refused_context
+
+    busy = RuntimeError("CUDA error: CUDA-capable device(s) is/are busy or unavailable")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/trident-mps-x/pipe")
+    error = refused_context(busy, 3, 0)
+    assert isinstance(error, trident.ContextRefusedError) and isinstance(error, trident.BackendUnavailableError)
+    assert "rank 3" in str(error) and "GPU 0" in str(error) and "/tmp/trident-mps-x/pipe" in str(error)
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY")
+    assert "exclusive compute mode" in str(refused_context(busy, 1, 0))
+    assert refused_context(RuntimeError("CUDA error: out of memory"), 1, 0) is None

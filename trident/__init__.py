@@ -45,6 +45,7 @@ from .errors import (
     BackendUnavailableError,
     CapacityError,
     ContextClosedError,
+    ContextRefusedError,
     DeviceError,
     DivergenceError,
     HeapExhaustedError,
@@ -64,7 +65,7 @@ __all__ = [
     "atomic_add", "atomic_sub", "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor",
     "atomic_min", "atomic_max", "atomic_cas", "signal", "wait", "sync_ranks", "arrival_ticket", "control_block",
     "TridentError", "BackendUnavailableError", "CapacityError", "ContextClosedError", "DeviceError", "DivergenceError",
-    "HeapExhaustedError", "NotSymmetricError", "RankTimeoutError", "SpawnError", "TopologyError",
+    "ContextRefusedError", "HeapExhaustedError", "NotSymmetricError", "RankTimeoutError", "SpawnError", "TopologyError",
 ]
 
 

@@ -11,6 +11,12 @@ class BackendUnavailableError(TridentError):
     """The requested backend cannot run on this machine (for example ``cuda`` with no GPU)."""
 
 
+class ContextRefusedError(BackendUnavailableError):
+    """CUDA refused this process a context on its GPU ("busy or unavailable"): under an MPS daemon,
+    most often because the daemon already serves as many client processes as it admits. Starting
+    the process again once other clients have ended works; nothing of trident's was created."""
+
+
 class HeapExhaustedError(TridentError, MemoryError):
     """An allocation does not fit in the symmetric heap. The heap stays usable."""
 

@@ -100,6 +100,20 @@ def _worker(rank: int, world_size: int, port: int, init_kwargs: dict, conn) -> N
     ctx.close()
 
 
+#: How many times :class:`RankPool` starts its ranks when CUDA refuses one a context.
+START_ATTEMPTS = 4
+#: Seconds before the next start, times the attempt's number.
+REFUSED_PAUSE_S = 3.0
+
+
+def refused_only(failure: str) -> bool:
+    """Whether a start-up failure report shows CUDA refusing a context to some rank, and nothing
+    worse: the other ranks either failed the same way or timed out waiting for those."""
+    reports = failure.split("--- rank ")[1:]
+    refused = [r for r in reports if "ContextRefusedError" in r]
+    return bool(refused) and all(r in refused or "RankTimeoutError" in r for r in reports)
+
+
 class RankPool:
     """``world_size`` rank processes with open contexts, reused across tasks.
 
@@ -120,6 +134,18 @@ class RankPool:
         self._conns: list = []
 
     def _start(self, timeout: float) -> None:
+        """Start the ranks; start them all again, after a pause, when CUDA refused one a context
+        (:class:`~trident.errors.ContextRefusedError`: an MPS daemon full of clients, for example
+        while another job's ranks are exiting), at most :data:`START_ATTEMPTS` times in all."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return self._start_once(timeout)
+            except RankFailure as exc:
+                if attempt == START_ATTEMPTS or not refused_only(str(exc)):
+                    raise
+            time.sleep(REFUSED_PAUSE_S * attempt)
+
+    def _start_once(self, timeout: float) -> None:
         method = mp.get_context("spawn")
         port = free_port()
         # The children import trident while unpickling their target, before any code of ours runs

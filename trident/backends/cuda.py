@@ -9,11 +9,12 @@ Runtime calls go through NVIDIA's ``cuda-bindings``.
 
 from __future__ import annotations
 
+import os
 import weakref
 
 import torch
 
-from ..errors import BackendUnavailableError, TridentError
+from ..errors import BackendUnavailableError, ContextRefusedError, TridentError
 from .base import HeapBackend
 
 
@@ -35,6 +36,19 @@ def _check(result, what: str):
         _, text = cudart.cudaGetErrorString(err)
         raise TridentError(f"{what} failed: {err.name} ({text.decode() if isinstance(text, bytes) else text})")
     return values[0] if len(values) == 1 else values
+
+
+def refused_context(exc: BaseException, rank: int, index: int) -> ContextRefusedError | None:
+    """The clear error for CUDA refusing this process a context ("busy or unavailable"), or None
+    when ``exc`` is another error. Under MPS that means the daemon admits no more clients for now."""
+    if "busy or unavailable" not in str(exc):
+        return None
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+    why = (f"the MPS daemon at {pipe} admits a limited number of client processes per GPU (see NVIDIA's MPS "
+           "documentation) and may be serving that many: start the rank again once other clients have "
+           "ended, or run fewer processes on the GPU at once" if pipe else
+           "another process may hold the GPU in an exclusive compute mode")
+    return ContextRefusedError(f"rank {rank}: CUDA refused a context on GPU {index} (busy or unavailable): {why}")
 
 
 class _DeviceMemory:
@@ -84,7 +98,13 @@ class CudaBackend(HeapBackend):
         self.require_gpu()
         self.index = local_rank % torch.cuda.device_count()
         self.device = torch.device("cuda", self.index)
-        torch.cuda.set_device(self.device)
+        try:
+            torch.cuda.set_device(self.device)
+        except RuntimeError as exc:
+            refused = refused_context(exc, rank, self.index)
+            if refused is None:
+                raise
+            raise refused from exc
         _check(_cudart().cudaSetDevice(self.index), f"cudaSetDevice({self.index})")
         self.rank = rank
         self.heap_size = 0
