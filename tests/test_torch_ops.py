@@ -39,6 +39,14 @@ def _every_op(ctx):
     check("reduce_scatter", ops.reduce_scatter(tall[r].to(dev), "sum", g), sum(tall)[2 * r:2 * r + 2])
     check("all_to_all", ops.all_to_all(tall[r].to(dev), g), torch.cat([t[2 * r:2 * r + 2] for t in tall]))
     check("broadcast", ops.broadcast(mine, w - 1, g), every[w - 1])
+    # Rank p sends (p + q) % 3 rows to rank q (some none); each rank's rows differ in number.
+    sends = [[(p + q) % 3 for q in range(w)] for p in range(w)]
+    rows = [_data(p, sum(sends[p]), 8, salt=6) for p in range(w)]
+    got = ops.all_to_all_v(rows[r].to(dev), [sends[p][r] for p in range(w)], sends[r], g)
+    want = torch.cat([rows[p][sum(sends[p][:r]):sum(sends[p][:r + 1])] for p in range(w)])
+    check("all_to_all_v", got, want)
+    on_heap = ctx.empty(max(sum(s) for s in sends), 8)[:len(rows[r])].copy_(rows[r])  # read in place
+    check("all_to_all_v on the heap", ops.all_to_all_v(on_heap, [sends[p][r] for p in range(w)], sends[r], g), want)
     A = [_data(p, 8, 16, salt=2) for p in range(w)]
     B = [_data(p, 16, 12, salt=3) for p in range(w)]
     full = sum(a @ b for a, b in zip(A, B, strict=True))

@@ -20,7 +20,8 @@ Example::
 The ops (every ``group`` is a group name):
 
 * ``all_reduce(t, op, group)``, ``all_gather(t, group)`` (dim 0), ``reduce_scatter(t, op, group)``
-  (dim 0), ``all_to_all(t, group)`` (equal chunks of dim 0), ``broadcast(t, src, group)``;
+  (dim 0), ``all_to_all(t, group)`` (equal chunks of dim 0), ``all_to_all_v(t, out_splits,
+  in_splits, group)`` (row counts per rank), ``broadcast(t, src, group)``;
 * ``gemm_all_reduce(A, B, group)``, ``gemm_reduce_scatter(A, B, group)``,
   ``all_gather_gemm(A_local, B, group)``, ``gemm_all_scatter(A, B_local, group)`` (``pattern="auto"``);
 * ``all_reduce_rmsnorm(x, weight, eps, residual, group)`` returns ``(out, h)``.
@@ -117,6 +118,38 @@ def broadcast(t: torch.Tensor, src: int, group: str) -> torch.Tensor:
 @broadcast.register_fake
 def _(t, src, group):
     return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("trident::all_to_all_v", mutates_args=())
+def all_to_all_v(t: torch.Tensor, out_splits: list[int], in_splits: list[int], group: str) -> torch.Tensor:
+    """Rows (dim 0) of ``t`` to every rank, ``in_splits[p]`` of them to rank ``p``; the result holds
+    ``out_splits[p]`` rows from each rank ``p``, in rank order (``all_to_all_single`` with split sizes).
+
+    A ``t`` on the heap is read in place. A plain one is staged on the heap first, after the ranks
+    exchanged their row counts (a small all_gather and one host read: the stage must be the same
+    size everywhere), so pass a heap tensor where that sync matters (a CUDA graph).
+    """
+    from . import ccl
+    from .ccl.api import input_stage
+    from .runtime.groups import team
+
+    ctx, g = resolve(group)
+    me = team(ctx, g)
+    src = t.contiguous()
+    if not me.is_symmetric(src):
+        rows = torch.full((1,), src.shape[0], dtype=torch.int64, device=src.device)
+        every = torch.empty(me.world_size, dtype=torch.int64, device=src.device)
+        most = int(ccl.all_gather(ctx, every, rows, group=g).max())
+        per_row = src[0].numel() if src.dim() > 1 else 1
+        stage = input_stage(me, most * per_row, src.dtype)
+        src = stage[:src.numel()].view(src.shape).copy_(src)
+    out = torch.empty((sum(out_splits), *t.shape[1:]), dtype=t.dtype, device=t.device)
+    return ccl.all_to_all_v(ctx, out, src, out_splits, in_splits, group=g)
+
+
+@all_to_all_v.register_fake
+def _(t, out_splits, in_splits, group):
+    return t.new_empty((sum(out_splits), *t.shape[1:]))
 
 
 # -- fused ops --------------------------------------------------------------------------------------
