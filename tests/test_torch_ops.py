@@ -109,3 +109,49 @@ def _unknown_group(ctx):
 def test_an_unknown_group_name_is_refused_and_every_rank_shares_the_name(pool2):
     names = pool2.run(_unknown_group)
     assert len(set(names)) == 1 and names[0].startswith("trident-")
+
+
+def _moe_layer(x, topk_idx, topk_weights, num_experts: int, max_tokens: int, group: str):
+    """Dispatch, an "expert" that doubles its rows, combine: every token ends as 2 x sum of its weights x x."""
+    recv_x, offsets, counts, recv_src, scales, handle = torch.ops.trident.moe_dispatch(
+        x, topk_idx, num_experts, max_tokens, None, group)
+    return torch.ops.trident.moe_combine(2 * recv_x, topk_weights, topk_idx, recv_src, handle, num_experts,
+                                         max_tokens, group)
+
+
+def _routing(p, experts, k):
+    """Rank p's tokens (3 + 2p: T differs between ranks), routing (-1 entries too) and weights."""
+    g = torch.Generator().manual_seed(p)
+    tokens = 3 + 2 * p
+    return (_data(p, tokens, 8, salt=7), torch.randint(-1, experts, (tokens, k), generator=g),
+            torch.rand(tokens, k, generator=g))
+
+
+def _moe_ops(ctx):
+    torch._dynamo.reset()
+    r, w, experts, k, max_tokens = ctx.rank, ctx.world_size, 4, 2, 5
+    every = [_routing(p, experts, k) for p in range(w)]
+    x, topk_idx, topk_weights = every[r]
+    want = 2 * x * (topk_weights * (topk_idx >= 0)).sum(1, keepdim=True)
+    args = (x.to(ctx.device), topk_idx.to(ctx.device), topk_weights.to(ctx.device), experts, max_tokens,
+            ctx.group_name)
+    # The received rows themselves: one per (token, choice) routed to one of my experts, from any rank.
+    recv_x, offsets, counts, recv_src, scales, handle = torch.ops.trident.moe_dispatch(
+        args[0], args[1], experts, max_tokens, None, ctx.group_name)
+    received = int(counts.sum())
+    routed_here = sum(int(((idx >= 0) & (idx // (experts // w) == r)).sum()) for _, idx, _ in every)
+    errors = {"received rows": (abs(received - routed_here), 0.5), "no scales": (float(scales.shape[1]), 0.5)}
+    sent = [every[int(s) // max_tokens][0][int(s) % max_tokens] for s in recv_src[:received].cpu()]
+    if sent:
+        errors["rows match their source"] = (float((recv_x[:received].cpu() - torch.stack(sent)).abs().max()), TOL)
+    eager = _moe_layer(*args)
+    errors["eager"] = (float((eager.cpu() - want).abs().max()), TOL)
+    compiled = torch.compile(_moe_layer, fullgraph=True, backend="aot_eager")(*args)
+    errors["compiled"] = (float((compiled.cpu() - want).abs().max()), TOL)
+    return errors
+
+
+def test_moe_dispatch_and_combine_as_custom_ops_match_torch_and_compile(pool2):
+    for errors in pool2.run(_moe_ops):
+        bad = {name: (err, tol) for name, (err, tol) in errors.items() if not err < tol}
+        assert not bad, bad

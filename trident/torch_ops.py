@@ -24,14 +24,18 @@ The ops (every ``group`` is a group name):
   in_splits, group)`` (row counts per rank), ``broadcast(t, src, group)``;
 * ``gemm_all_reduce(A, B, group)``, ``gemm_reduce_scatter(A, B, group)``,
   ``all_gather_gemm(A_local, B, group)``, ``gemm_all_scatter(A, B_local, group)`` (``pattern="auto"``);
-* ``all_reduce_rmsnorm(x, weight, eps, residual, group)`` returns ``(out, h)``.
+* ``all_reduce_rmsnorm(x, weight, eps, residual, group)`` returns ``(out, h)``;
+* ``moe_dispatch(x, topk_idx, num_experts, max_tokens_per_rank, x_scales, group)`` returns
+  ``(recv_x, recv_offsets, recv_counts, recv_src, recv_scales, handle)``, and
+  ``moe_combine(expert_out, topk_weights, topk_idx, recv_src, handle, num_experts,
+  max_tokens_per_rank, group)`` the ``[T, H]`` combined rows.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .runtime.groups import resolve
+from .runtime.groups import resolve, team
 
 
 def _plain_copy(t: torch.Tensor) -> torch.Tensor:
@@ -233,3 +237,65 @@ def all_reduce_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residu
 @all_reduce_rmsnorm.register_fake
 def _(x, weight, eps, residual, group):
     return torch.empty_like(x), torch.empty_like(x)
+
+
+# -- expert parallelism -----------------------------------------------------------------------------
+
+@torch.library.custom_op("trident::moe_dispatch", mutates_args=())
+def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, max_tokens_per_rank: int,
+                 x_scales: torch.Tensor | None, group: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                    torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every token to the ranks of its top-k experts (``trident.ops.moe_dispatch`` with the default
+    capacity). Returns ``(recv_x, recv_offsets, recv_counts, recv_src, recv_scales, handle)``, copies
+    of the dispatch's buffers; ``recv_scales`` is ``[capacity, 0]`` without ``x_scales``; ``handle``
+    is the routing ``moe_combine`` needs (int64), to pass on unchanged."""
+    from .ops import moe
+
+    ctx, g = resolve(group)
+    d = moe.moe_dispatch(ctx, x.contiguous(), topk_idx.contiguous(), num_experts, max_tokens_per_rank,
+                         x_scales=x_scales, group=g)
+    scales = d.recv_scales if d.recv_scales is not None else d.recv_x.new_empty((d.capacity, 0), dtype=torch.float32)
+    handle = torch.cat([d._recv_j.to(torch.int64), d._status])
+    return (_plain_copy(d.recv_x), d.recv_offsets.clone(), d.recv_counts.clone(), d.recv_src.clone(),
+            _plain_copy(scales), handle)
+
+
+@moe_dispatch.register_fake
+def _(x, topk_idx, num_experts, max_tokens_per_rank, x_scales, group):
+    from .ops.moe import SCALE_BLOCK
+    from .ops.moe_kernels import STATUS_WORDS
+
+    world = _world(group)
+    experts_local = num_experts // world
+    rows = world * max_tokens_per_rank * min(topk_idx.shape[1], experts_local)
+    scale_cols = x.shape[1] // SCALE_BLOCK if x_scales is not None else 0
+    return (x.new_empty((rows, x.shape[1])), topk_idx.new_empty(experts_local, dtype=torch.int32),
+            topk_idx.new_empty(experts_local, dtype=torch.int32), topk_idx.new_empty(rows),
+            x.new_empty((rows, scale_cols), dtype=torch.float32), topk_idx.new_empty(rows + STATUS_WORDS))
+
+
+@torch.library.custom_op("trident::moe_combine", mutates_args=())
+def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, topk_idx: torch.Tensor,
+                recv_src: torch.Tensor, handle: torch.Tensor, num_experts: int, max_tokens_per_rank: int,
+                group: str) -> torch.Tensor:
+    """The expert outputs back to their tokens' ranks, weighted and summed (``trident.ops.moe_combine``):
+    ``[T, H]``. ``topk_idx``, ``recv_src`` and ``handle`` are the dispatch's (any later dispatch may
+    have run in between: nothing here reads its receive buffers)."""
+    from .ops import moe
+
+    ctx, g = resolve(group)
+    me = team(ctx, g)
+    capacity = recv_src.shape[0]
+    if handle.shape != (capacity + moe.STATUS_WORDS,) or handle.dtype != torch.int64:
+        raise ValueError(f"rank {me.rank}: moe_combine: handle must be the int64 [{capacity} + "
+                         f"{moe.STATUS_WORDS}] tensor torch.ops.trident.moe_dispatch returned with recv_src, "
+                         f"got {handle.dtype} {tuple(handle.shape)}")
+    recv_j, status = handle[:capacity].to(torch.int32), handle[capacity:].contiguous()
+    return moe.combine_rows(me, f"rank {me.rank}: moe_combine", expert_out.contiguous(), topk_weights.contiguous(),
+                            topk_idx.contiguous(), recv_src.contiguous(), recv_j, status, num_experts,
+                            max_tokens_per_rank, capacity)
+
+
+@moe_combine.register_fake
+def _(expert_out, topk_weights, topk_idx, recv_src, handle, num_experts, max_tokens_per_rank, group):
+    return expert_out.new_empty((topk_idx.shape[0], expert_out.shape[1]))

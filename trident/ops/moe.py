@@ -299,16 +299,25 @@ def moe_combine(ctx, expert_out: torch.Tensor, topk_weights: torch.Tensor, d: Mo
     if d._call != ctx.resource(_STATE_KEY, _State).calls:
         _fail(where, "d is not the latest moe_dispatch on this context: a later dispatch has reused its receive "
                      "buffers. Combine each dispatch before the next one", TridentError)
+    return combine_rows(ctx, where, expert_out, topk_weights, d.topk_idx, d.recv_src, d._recv_j, d._status,
+                        d.num_experts, d.max_tokens_per_rank, d.capacity)
+
+
+def combine_rows(ctx, where: str, expert_out, topk_weights, topk_idx, recv_src, recv_j, status, num_experts: int,
+                 max_tokens: int, capacity: int) -> torch.Tensor:
+    """The combine of a dispatch given by its routing tensors (``recv_src``, ``recv_j``: which
+    token and which of its k choices each received row is; ``status``: the dispatch's counters),
+    which may be copies: nothing here reads the dispatch's receive buffers. ``ctx`` is the team."""
     check_tensor(where, "expert_out", expert_out, ctx.device, OUT_DTYPES, dims=2)
     check_tensor(where, "topk_weights", topk_weights, ctx.device, (torch.float32, torch.bfloat16, torch.float16),
                  dims=2)
-    if expert_out.shape[0] != d.capacity:
-        _fail(where, f"expert_out {tuple(expert_out.shape)} must have d.capacity={d.capacity} rows "
+    if expert_out.shape[0] != capacity:
+        _fail(where, f"expert_out {tuple(expert_out.shape)} must have d.capacity={capacity} rows "
                      f"(one per row of d.recv_x)")
-    if topk_weights.shape != d.topk_idx.shape:
-        _fail(where, f"topk_weights {tuple(topk_weights.shape)} must match topk_idx {tuple(d.topk_idx.shape)}")
-    (tokens, k), hidden, max_tokens = d.topk_idx.shape, expert_out.shape[1], d.max_tokens_per_rank
-    ctx.agree_in_debug("moe_combine", hidden, k, str(expert_out.dtype), d.capacity)
+    if topk_weights.shape != topk_idx.shape:
+        _fail(where, f"topk_weights {tuple(topk_weights.shape)} must match topk_idx {tuple(topk_idx.shape)}")
+    (tokens, k), hidden = topk_idx.shape, expert_out.shape[1]
+    ctx.agree_in_debug("moe_combine", hidden, k, str(expert_out.dtype), capacity)
     out = torch.empty(tokens, hidden, dtype=expert_out.dtype, device=ctx.device)
     staging = workspace(ctx).buffer("moe.combine", max_tokens * k * hidden, expert_out.dtype)
     sync = sync_block(ctx, max(ctx.world_size + 1, max_tokens * k))
@@ -317,9 +326,9 @@ def moe_combine(ctx, expert_out: torch.Tensor, topk_weights: torch.Tensor, d: Mo
     programs = max(2, ctx.platform.program_limit)
     block_h = min(triton.next_power_of_2(hidden), 1024)
     moe_combine_kernel[(programs,)](
-        expert_out, staging, out, topk_weights, d.topk_idx, tokens,
-        d.recv_src, d._recv_j, d._status,
-        hidden, k, d.num_experts, max_tokens, d.capacity, programs // 2,
+        expert_out, staging, out, topk_weights, topk_idx, tokens,
+        recv_src, recv_j, status,
+        hidden, k, num_experts, max_tokens, capacity, programs // 2,
         sync, ctx.rank, ctx.world_size, ctx.heap_bases,
         K_BLOCK=triton.next_power_of_2(k), BLOCK_H=block_h, WORLD_BLOCK=triton.next_power_of_2(ctx.world_size),
         num_warps=4 if block_h <= 512 else 8)
