@@ -1,3 +1,5 @@
+import pytest
+
 import trident
 
 
@@ -53,12 +55,15 @@ def test_a_start_refused_a_context_is_retried_and_other_failures_are_not(monkeyp
     monkeypatch.setattr(testing, "REFUSED_PAUSE_S", 0.0)
     pool = testing.RankPool(4)
     monkeypatch.setattr(testing.RankPool, "_start_once", lambda self, t: start_once(self, t, 2))
-    pool._start(5.0)  # refused twice, then started
+    with pytest.warns(RuntimeWarning, match="refused a rank a context") as caught:
+        pool._start(5.0)  # refused twice, then started
     assert len(attempts) == 3
+    assert [f"attempt {n} of {testing.START_ATTEMPTS})" in str(w.message) for n, w in zip((2, 3), caught)] == [True] * 2
     attempts.clear()
     monkeypatch.setattr(testing.RankPool, "_start_once", lambda self, t: start_once(self, t, 99))
     try:
-        pool._start(5.0)
+        with pytest.warns(RuntimeWarning, match="refused a rank a context"):
+            pool._start(5.0)
     except testing.RankFailure as exc:
         assert "ContextRefusedError" in str(exc)
     else:

@@ -26,6 +26,7 @@ import os
 import pickle
 import time
 import traceback
+import warnings
 
 from .errors import TridentError
 from .runtime.launch import rank_environment
@@ -143,7 +144,12 @@ class RankPool:
             except RankFailure as exc:
                 if attempt == START_ATTEMPTS or not refused_only(str(exc)):
                     raise
-            time.sleep(REFUSED_PAUSE_S * attempt)
+            pause = REFUSED_PAUSE_S * attempt
+            # Said out loud, so a run's log shows when its pools needed a second start.
+            warnings.warn(f"RankPool({self.world_size}): CUDA refused a rank a context (an MPS daemon at its "
+                          f"client limit?); starting every rank again in {pause:.0f} s "
+                          f"(attempt {attempt + 1} of {START_ATTEMPTS})", RuntimeWarning, stacklevel=2)
+            time.sleep(pause)
 
     def _start_once(self, timeout: float) -> None:
         method = mp.get_context("spawn")
