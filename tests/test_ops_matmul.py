@@ -70,6 +70,46 @@ def test_matmul_matches_torch_for_dtypes_shapes_and_configs(pool2):
         assert finite and err < tol, (key, err)
 
 
+def _repeat_body(ctx):
+    import importlib
+
+    from trident.ops import matmul
+
+    prepared = importlib.import_module("trident.ops.matmul")._PREPARED
+    prepared.clear()  # earlier tests in this rank process may have made these signatures
+    gen = torch.Generator().manual_seed(11 + ctx.rank)
+    errors, added = [], []
+    # a table config; a cut tail (scratch per call); TMA with a descriptor store
+    for M, N, K, cfg in (CASES[0], CASES[6], CASES[3]):
+        for call in range(3):  # new inputs and outputs each call, at new addresses
+            before = len(prepared)
+            A = torch.randn(M, K, generator=gen).half().to(ctx.device)
+            B = torch.randn(K, N, generator=gen).half().to(ctx.device)
+            keep = [torch.empty(call + 1, device=ctx.device)]  # shift the allocator's next addresses
+            C = matmul(A, B, config=cfg)
+            errors.append(_rel_err(C.cpu(), A.cpu().double() @ B.cpu().double()))
+            added.append(len(prepared) - before)
+            del keep
+    # The same shapes and strides at a base that is not 16-byte aligned: another signature (Triton
+    # specializes pointers on alignment; TMA needs it), then the aligned one again.
+    M, N, K, cfg = CASES[1]
+    store = torch.randn(M * K + 1, generator=gen).half().to(ctx.device)
+    B = torch.randn(K, N, generator=gen).half().to(ctx.device)
+    for A in (store[:-1].view(M, K), store[1:].view(M, K), store[:-1].view(M, K)):
+        before = len(prepared)
+        errors.append(_rel_err(matmul(A, B, config=cfg).cpu(), A.cpu().double() @ B.cpu().double()))
+        added.append(len(prepared) - before)
+    return errors, added
+
+
+def test_repeated_calls_launch_the_compiled_kernel_with_new_tensors(pool2):
+    """A call with an earlier call's signature goes straight to the compiled kernel (no new entry in the
+    cache) and still computes its own product; an unaligned base is another signature."""
+    for errors, added in pool2.run(_repeat_body):
+        assert all(err < TOL[torch.float16] for err in errors), errors
+        assert added == [1, 0, 0] * 3 + [1, 1, 0], added
+
+
 def test_cut_plan_fills_the_last_waves_with_parts():
     from trident.ops.matmul import cut_plan
 

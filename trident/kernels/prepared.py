@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from copy import copy as shallow_copy
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -140,22 +141,28 @@ class PreparedLaunch:
         # The launcher takes every parameter in kernel.arg_names order, constexprs included: those
         # after the positional ones come from constexprs or the parameters' defaults.
         params = kernel.signature.parameters
-        self._tail = tuple(_by_address(constexprs[name] if name in constexprs else params[name].default)
+        self._tail = tuple(by_address(constexprs[name] if name in constexprs else params[name].default)
                            for name in kernel.arg_names[len(args):])
         self._run, self._again = compiled[(*grid, 1, 1)[:3]], None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether calls go straight to a compiled kernel (False in the simulator: full launches, which
+        need the tensors themselves, not their addresses)."""
+        return self._run is not None
 
     def __call__(self, *args) -> None:
         if self._run is None:
             self._again(*args)
         else:
-            self._run(*[_by_address(a) for a in args], *self._tail)
+            self._run(*[by_address(a) for a in args], *self._tail)
 
     def bind(self, *args) -> Callable[[], None]:
         """A step without arguments that launches with ``args`` (converted once, tensors by address;
         in the simulator the step holds them)."""
         if self._run is None:
             return lambda: self._again(*args)
-        values = (*[_by_address(a) for a in args], *self._tail)
+        values = (*[by_address(a) for a in args], *self._tail)
         run = self._run
         return lambda: run(*values)
 
@@ -215,8 +222,27 @@ class _Address:
         return self.ptr
 
 
-def _by_address(value):
-    """A launch argument as a plan keeps it: tensors (also a descriptor's base) by address."""
+def rebased(descriptor: TensorDescriptor, tensor: torch.Tensor) -> TensorDescriptor:
+    """``descriptor`` (shape, strides and block of ``tensor``'s layout) at ``tensor``'s address, holding
+    no tensor: a new call's descriptor from an earlier call's, without building and checking it again.
+
+    Example::
+
+        again(rebased(first_descriptor, A), ...)   # a PreparedLaunch whose first launch made first_descriptor
+    """
+    descriptor = shallow_copy(descriptor)
+    descriptor.base = _Address(tensor)
+    return descriptor
+
+
+def by_address(value):
+    """A launch argument as a plan keeps it: tensors (also a descriptor's base) by address; anything
+    else as it is.
+
+    Example::
+
+        values = [by_address(a) for a in args]   # holds no tensor
+    """
     if isinstance(value, torch.Tensor):
         return value.data_ptr()
     if isinstance(value, TensorDescriptor) and isinstance(value.base, torch.Tensor):

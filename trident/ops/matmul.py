@@ -23,7 +23,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import platform as _platform
 from .. import trace
-from ..kernels.prepared import Plan, launch
+from ..kernels.prepared import Plan, PlanCache, by_address, launch, prepare, rebased
 from .matmul_config import SIM_CONFIG, MatmulConfig, cut_plan, pick_config
 from .tiles import tile_coords, tile_dot, tile_dot_range, tile_offsets
 
@@ -239,6 +239,16 @@ def launch_matmul(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: Matmul
 
         launch_matmul(A, B, C, pick_config(M, N, K, A.dtype, ctx.platform))
     """
+    grid, args, constexprs, options, scratch = _launch_parts(A, B, C, cfg, trace_ptr, rank)
+    if plan is not None and scratch:  # a replay reuses the scratch, its counts zeroed first
+        plan.own(*scratch)
+        plan.steps.append(scratch[1].zero_)
+    launch(plan, matmul_kernel, grid, args, constexprs, **options)
+
+
+def _launch_parts(A, B, C, cfg: MatmulConfig, trace_ptr=None, rank: int = 0):
+    """``(grid, args, constexprs, options, scratch)`` of one matmul launch; ``scratch`` is the tile-cut
+    partials and their counts (zeroed here, on the stream), or ``()`` when no tile is cut."""
     M, K = A.shape
     N = B.shape[1]
     platform = _platform.for_device(A.device)
@@ -251,21 +261,58 @@ def launch_matmul(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: Matmul
     if whole < tiles:  # per call, on the stream: per-tile counts start at zero (the slots are overwritten)
         part = torch.empty((tiles - whole) * parts * cfg.BLOCK_M * cfg.BLOCK_N, dtype=torch.float32, device=A.device)
         count = torch.zeros(tiles - whole, dtype=torch.int32, device=A.device)
-        if plan is not None:  # a replay reuses the scratch, its counts zeroed first
-            plan.own(part, count)
-            plan.steps.append(count.zero_)
     grid = (num_programs(platform, whole + (tiles - whole) * parts, cfg),)
-    launch(plan, matmul_kernel, grid, (
-        a, b, c,
-        M, N, K,
-        A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
-        part, count, whole, parts,
-        trace_ptr, rank,
-    ), dict(
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-        USE_TMA=use_tma, C_TMA=c_tma, SUBTILE=cfg.subtile,
-        FLATTEN=cfg.flatten and trace_ptr is None,  # Triton 3.6 fails to flatten a loop holding the trace's store
-    ), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    args = (a, b, c, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
+            part, count, whole, parts, trace_ptr, rank)
+    constexprs = dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+                      USE_TMA=use_tma, C_TMA=c_tma, SUBTILE=cfg.subtile,
+                      # Triton 3.6 fails to flatten a loop holding the trace's store
+                      FLATTEN=cfg.flatten and trace_ptr is None)
+    return grid, args, constexprs, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), \
+        (part, count) if part is not None else ()
+
+
+class _PreparedMatmul:
+    """A matmul launch for one call signature (:func:`_signature`): the first call's grid, config and
+    compiled kernel, launched again on a later call's tensors. Only the addresses change between such
+    calls, so a later call skips the config and tile-cut choice, building and checking descriptors, and
+    Triton's argument binding and specialization (most of a small call's host time)."""
+
+    __slots__ = ("cfg", "_launch", "_values", "_descriptors", "_scratch")
+
+    def __init__(self, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: MatmulConfig):
+        grid, args, constexprs, options, scratch = _launch_parts(A, B, C, cfg)
+        self.cfg = cfg
+        self._launch = prepare(matmul_kernel, grid, args, constexprs, **options)  # launches now
+        self._values = [by_address(a) for a in args]  # the ints; A, B, C and the scratch are replaced per call
+        self._descriptors = tuple(v if isinstance(v, TensorDescriptor) else None for v in self._values[:3])
+        self._scratch = (scratch[0].numel(), scratch[1].numel()) if scratch else None
+
+    def __call__(self, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor) -> None:
+        if not self._launch.compiled:  # the simulator: a full launch
+            grid, args, constexprs, options, _ = _launch_parts(A, B, C, self.cfg)
+            launch(None, matmul_kernel, grid, args, constexprs, **options)
+            return
+        values = self._values.copy()
+        for i, (t, descriptor) in enumerate(zip((A, B, C), self._descriptors, strict=True)):
+            values[i] = t.data_ptr() if descriptor is None else rebased(descriptor, t)
+        if self._scratch:  # new per call, as on the full path: ordered on the stream by the allocator
+            part = torch.empty(self._scratch[0], dtype=torch.float32, device=A.device)
+            count = torch.zeros(self._scratch[1], dtype=torch.int32, device=A.device)
+            values[12], values[13] = part.data_ptr(), count.data_ptr()
+        self._launch(*values)
+
+
+#: ``matmul``'s prepared launches by call signature, the oldest dropped past the cache's size.
+_PREPARED = PlanCache()
+
+
+def _signature(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, config: MatmulConfig | None):
+    """What fixes a matmul launch's compiled kernel and grid, all but the addresses: every int argument
+    (shapes, strides), the dtypes, the device, the config, and whether each base is 16-byte aligned
+    (Triton specializes pointers on that; TMA needs it)."""
+    return (A.shape, A.stride(), B.shape, B.stride(), C.stride(), A.dtype, A.device, config,
+            A.data_ptr() % 16 == 0, B.data_ptr() % 16 == 0, C.data_ptr() % 16 == 0)
 
 
 def matmul(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
@@ -280,7 +327,9 @@ def matmul(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
         config: a :class:`MatmulConfig`; None picks one from the table (:func:`pick_config`).
 
     Returns:
-        ``out`` (or the new tensor) holding ``A @ B``.
+        ``out`` (or the new tensor) holding ``A @ B``. A call with an earlier call's shapes, strides,
+        dtypes, base alignment and config launches that call's compiled kernel directly (any
+        addresses), which keeps a small call's host time near one launch's.
 
     Example::
 
@@ -299,6 +348,11 @@ def matmul(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
         return out
     if A.shape[1] == 0:
         return out.zero_()
-    cfg = config or pick_config(M, N, A.shape[1], A.dtype, _platform.for_device(A.device))
-    launch_matmul(A, B, out, cfg)
+    key = _signature(A, B, out, config)
+    prepared = _PREPARED.get(key)
+    if prepared is not None:
+        prepared(A, B, out)
+    else:  # the first call with this signature: Triton's full launch, kept for the next
+        cfg = config or pick_config(M, N, A.shape[1], A.dtype, _platform.for_device(A.device))
+        _PREPARED.put(key, _PreparedMatmul(A, B, out, cfg))
     return out
