@@ -257,10 +257,9 @@ def _launch_parts(A, B, C, cfg: MatmulConfig, trace_ptr=None, rank: int = 0):
     c = TensorDescriptor.from_tensor(C, [cfg.BLOCK_M, cfg.BLOCK_N // (2 if cfg.subtile else 1)]) if c_tma else C
     tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
     whole, parts = cut_plan(tiles, cfg.programs or platform.program_limit, cfg, triton.cdiv(K, cfg.BLOCK_K))
-    part = count = None  # no tile cut
-    if whole < tiles:  # per call, on the stream: per-tile counts start at zero (the slots are overwritten)
-        part = torch.empty((tiles - whole) * parts * cfg.BLOCK_M * cfg.BLOCK_N, dtype=torch.float32, device=A.device)
-        count = torch.zeros(tiles - whole, dtype=torch.int32, device=A.device)
+    scratch = _cut_scratch((tiles - whole) * parts * cfg.BLOCK_M * cfg.BLOCK_N, tiles - whole, A.device) \
+        if whole < tiles else ()
+    part, count = scratch or (None, None)  # None, None: no tile cut
     grid = (num_programs(platform, whole + (tiles - whole) * parts, cfg),)
     args = (a, b, c, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
             part, count, whole, parts, trace_ptr, rank)
@@ -268,8 +267,18 @@ def _launch_parts(A, B, C, cfg: MatmulConfig, trace_ptr=None, rank: int = 0):
                       USE_TMA=use_tma, C_TMA=c_tma, SUBTILE=cfg.subtile,
                       # Triton 3.6 fails to flatten a loop holding the trace's store
                       FLATTEN=cfg.flatten and trace_ptr is None)
-    return grid, args, constexprs, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), \
-        (part, count) if part is not None else ()
+    return grid, args, constexprs, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), scratch
+
+
+def _cut_scratch(part_elements: int, cut_tiles: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cut tiles' fp32 partials and their per-tile counts, new per call and ordered on the stream by
+    the allocator; the counts start at zero (the partials are overwritten)."""
+    return (torch.empty(part_elements, dtype=torch.float32, device=device),
+            torch.zeros(cut_tiles, dtype=torch.int32, device=device))
+
+
+#: Where the cut tiles' scratch sits among the kernel's arguments.
+_PART_ARG, _COUNT_ARG = matmul_kernel.arg_names.index("part_ptr"), matmul_kernel.arg_names.index("count_ptr")
 
 
 class _PreparedMatmul:
@@ -290,16 +299,14 @@ class _PreparedMatmul:
 
     def __call__(self, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor) -> None:
         if not self._launch.compiled:  # the simulator: a full launch
-            grid, args, constexprs, options, _ = _launch_parts(A, B, C, self.cfg)
-            launch(None, matmul_kernel, grid, args, constexprs, **options)
+            launch_matmul(A, B, C, self.cfg)
             return
         values = self._values.copy()
         for i, (t, descriptor) in enumerate(zip((A, B, C), self._descriptors, strict=True)):
             values[i] = t.data_ptr() if descriptor is None else rebased(descriptor, t)
-        if self._scratch:  # new per call, as on the full path: ordered on the stream by the allocator
-            part = torch.empty(self._scratch[0], dtype=torch.float32, device=A.device)
-            count = torch.zeros(self._scratch[1], dtype=torch.int32, device=A.device)
-            values[12], values[13] = part.data_ptr(), count.data_ptr()
+        if self._scratch:  # new per call, as on the full path
+            part, count = _cut_scratch(*self._scratch, A.device)
+            values[_PART_ARG], values[_COUNT_ARG] = part.data_ptr(), count.data_ptr()
         self._launch(*values)
 
 
