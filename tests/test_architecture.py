@@ -20,7 +20,7 @@ LAYERS = {
     "platform": 1, "topology": 1,
     "backends": 2,
     "device": 3, "kernels": 3,
-    "runtime": 4,
+    "runtime": 4, "calls": 4,
     "trace": 5,
     "ccl": 6,
     "ops": 7,

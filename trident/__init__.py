@@ -17,7 +17,9 @@ Import trident before defining kernels: on a machine without a GPU it switches T
 CPU interpreter (the simulator), which must happen before any ``@triton.jit``.
 """
 
-# torch_ops registers torch.ops.trident.* (~15 ms); dist_backend the torch.distributed backend "trident".
+import functools
+
+# torch_ops and dist_backend register nothing on import: init() registers them (see below).
 from . import ccl, config, dist_backend, platform, torch_ops, trace
 from .device import (
     arrival_ticket,
@@ -54,10 +56,20 @@ from .errors import (
     TopologyError,
     TridentError,
 )
-from .runtime.context import Context, init
+from .runtime import context as _context
+from .runtime.context import Context
 from .runtime.launch import SpawnError, spawn
 
 __version__ = "0.1.0"
+
+
+@functools.wraps(_context.init)
+def init(*args, **kwargs) -> Context:
+    # The integrations with torch are registered here, on the first init, never on import:
+    # torch.ops.trident.* (custom ops) and the torch.distributed backend "trident". Both idempotent.
+    torch_ops.register()
+    dist_backend.register()
+    return _context.init(*args, **kwargs)
 
 __all__ = [
     "init", "Context", "spawn", "config", "platform", "ccl", "trace", "torch_ops", "dist_backend",

@@ -1,6 +1,6 @@
 """A torch.distributed backend named ``"trident"``: ``dist.new_group(ranks, backend="trident")``.
 
-``import trident`` registers it. Its process groups run ``dist.all_reduce`` (sum, max, min),
+``trident.init`` registers it (or :func:`register`). Its process groups run ``dist.all_reduce`` (sum, max, min),
 ``all_gather_into_tensor`` / ``all_gather_single``, ``reduce_scatter_tensor`` /
 ``reduce_scatter_single``, ``all_to_all_single`` (equal splits), ``broadcast`` and ``barrier``
 on :mod:`trident.ccl`, over a trident group of the same ranks. Everything else (other ops,
@@ -42,7 +42,9 @@ NAME = "trident"
 #: Slots and bytes per slot :func:`reserve` takes by default (64 MiB of heap in all).
 DEFAULT_GROUPS = 4
 DEFAULT_GROUP_BYTES = 16 << 20
-_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+#: The reductions trident runs, by torch's op type (``opts.reduceOp.op``); anything else falls back.
+_OP_NAMES = {dist.ReduceOp.RedOpType.SUM: "sum", dist.ReduceOp.RedOpType.MAX: "max",
+             dist.ReduceOp.RedOpType.MIN: "min"}
 _REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
               torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 #: The open arena (one per process: a process has one trident context at a time).
@@ -114,11 +116,36 @@ def _arena() -> _Arena:
                        "every rank before creating the group")
 
 
+class _Done(dist.Work):
+    """A completed Work: trident launched its kernel on the current stream, as NCCL would. Its
+    future is made only when asked for (most callers only ``wait()``, and a torch Future made on
+    every call would cost more than the collective's own host time)."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = result
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def result(self):
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        future = torch.futures.Future()
+        future.set_result(self._result)
+        return future
+
+
 def _done(result) -> dist.Work:
-    """A completed Work: trident launched its kernel on the current stream, as NCCL would."""
-    future = torch.futures.Future()
-    future.set_result(result)
-    return torch._C._distributed_c10d._create_work_from_future(future)
+    """A completed Work holding ``result`` (the tensors the collective wrote)."""
+    return _Done(result)
 
 
 def _make_fallback(ctx, store, rank: int, size: int, timeout) -> dist.ProcessGroup:
@@ -158,7 +185,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self.ctx, self.fallback, self._arena, self._slot = arena.ctx, fallback, arena, slot
         self.group = group_in_region(arena.ctx, ranks, arena.slot(slot), f"{arena.ctx.group_name}-pg{group_id}")
-        self._limit = arena.group_bytes // 4
+        self._limit, self._device = arena.group_bytes // 4, arena.ctx.device
         self.counts = {"trident": 0, "fallback": 0}
         # The fallback is the group's torch backend too: torch reads the group's name from it, and
         # ops reaching the group through torch's dispatcher (not overridden here) run on it.
@@ -178,9 +205,14 @@ class TridentProcessGroup(dist.ProcessGroup):
 
     def _ours(self, *tensors) -> bool:
         """Whether trident runs a call on these tensors (else the fallback does)."""
-        return not self.ctx._closed and all(
-            t.device == self.ctx.device and t.is_contiguous() and not t.is_complex() and t.numel() > 0
-            and t.numel() * t.element_size() <= self._limit for t in tensors)
+        if self.ctx._closed:
+            return False
+        device, limit = self._device, self._limit
+        for t in tensors:
+            if not (t.device == device and t.is_contiguous() and not t.is_complex()
+                    and 0 < t.numel() * t.element_size() <= limit):
+                return False
+        return True
 
     def _fall(self, name: str, *args, opts=None):
         """Run ``name`` on the fallback group."""
@@ -193,10 +225,11 @@ class TridentProcessGroup(dist.ProcessGroup):
     # -- what runs on trident -------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         """``dist.all_reduce``: sum, max or min of one tensor on trident; anything else falls back."""
-        op = next((name for name, rop in _OPS.items() if opts is None or opts.reduceOp == rop), None)
-        if len(tensors) == 1 and op and tensors[0].dtype in _REDUCIBLE and self._ours(tensors[0]):
+        op = "sum" if opts is None else _OP_NAMES.get(opts.reduceOp.op)
+        if op is not None and len(tensors) == 1 and tensors[0].dtype in _REDUCIBLE and self._ours(tensors[0]):
             ccl.all_reduce(self.ctx, tensors[0], op=op, group=self.group)
-            return self._ran(tensors)
+            self.counts["trident"] += 1
+            return _Done(tensors)
         return self._fall("allreduce", tensors, opts=opts)
 
     def _allgather_base(self, out, inp, opts=None):
@@ -210,7 +243,7 @@ class TridentProcessGroup(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, out, inp, opts=None):
         """``dist.reduce_scatter_tensor`` (torch <= 2.12's name): sum, max or min on trident."""
-        op = next((name for name, rop in _OPS.items() if opts is None or opts.reduceOp == rop), None)
+        op = "sum" if opts is None else _OP_NAMES.get(opts.reduceOp.op)
         if (op and self._ours(out, inp) and out.dtype == inp.dtype and out.dtype in _REDUCIBLE
                 and inp.numel() == out.numel() * self.size()):
             ccl.reduce_scatter(self.ctx, out.view(-1), inp.view(-1), op=op, group=self.group)
@@ -302,10 +335,13 @@ def _sync(store, what: str, rank: int, size: int, timeout) -> None:
 
 
 def register() -> None:
-    """Register the "trident" backend with torch.distributed (``import trident`` does; idempotent)."""
+    """Register the "trident" backend with torch.distributed (``trident.init`` does; idempotent).
+
+    Example::
+
+        trident.dist_backend.register()
+        tp = dist.new_group([0, 1], backend="trident")
+    """
     if NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
-
-
-register()

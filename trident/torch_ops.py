@@ -1,6 +1,7 @@
 """trident's collectives and fused ops as ``torch.library`` custom ops: ``torch.ops.trident.*``.
 
-Each op is functional (it returns a new tensor and changes none of its inputs), names its group
+Each op is functional (it returns a new tensor and changes none of its inputs; ``all_reduce_`` is
+the one in-place variant, for a tensor already on the heap), names its group
 by a string (``ctx.group_name``, the same on every rank) and has a fake implementation, so
 ``torch.compile(fullgraph=True)`` traces through it without a graph break, as through
 ``torch.distributed._functional_collectives``. Every rank must call the same ops in the same
@@ -9,7 +10,7 @@ order, as with any collective. Results are plain torch tensors (never heap memor
 
 Example::
 
-    import trident.torch_ops  # registers torch.ops.trident.*
+    ctx = trident.init()      # registers torch.ops.trident.* (or trident.torch_ops.register())
 
     def mlp(x, w_up_shard, w_down_shard, group: str):
         h = torch.nn.functional.silu(x @ w_up_shard)
@@ -19,7 +20,8 @@ Example::
 
 The ops (every ``group`` is a group name):
 
-* ``all_reduce(t, op, group)``, ``all_gather(t, group)`` (dim 0), ``reduce_scatter(t, op, group)``
+* ``all_reduce(t, op, group)`` (the reduced copy, no staging copy of t), ``all_reduce_(t, op, group)``
+  (in place: returns nothing, t holds the sum), ``all_gather(t, group)`` (dim 0), ``reduce_scatter(t, op, group)``
   (dim 0), ``all_to_all(t, group)`` (equal chunks of dim 0), ``all_to_all_v(t, out_splits,
   in_splits, group)`` (row counts per rank), ``broadcast(t, src, group)``;
 * ``gemm_all_reduce(A, B, group)``, ``gemm_reduce_scatter(A, B, group)``,
@@ -29,13 +31,71 @@ The ops (every ``group`` is a group name):
   ``(recv_x, recv_offsets, recv_counts, recv_src, recv_scales, handle)``, and
   ``moe_combine(expert_out, topk_weights, topk_idx, recv_src, handle, num_experts,
   max_tokens_per_rank, group)`` the ``[T, H]`` combined rows.
+
+The ops are registered with ``torch.library.Library`` for the CPU and CUDA dispatch keys (a
+call costs a few microseconds of dispatch, against about ten through ``torch.library.custom_op``),
+by :func:`register`, which ``trident.init`` calls: importing trident registers nothing with torch.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .runtime.groups import resolve, team
+
+#: Every op's schema (torch's operator language), in the order they are registered.
+SCHEMAS = {
+    "all_reduce": "all_reduce(Tensor t, str op, str group) -> Tensor",
+    "all_reduce_": "all_reduce_(Tensor(a!) t, str op, str group) -> ()",
+    "all_gather": "all_gather(Tensor t, str group) -> Tensor",
+    "reduce_scatter": "reduce_scatter(Tensor t, str op, str group) -> Tensor",
+    "all_to_all": "all_to_all(Tensor t, str group) -> Tensor",
+    "broadcast": "broadcast(Tensor t, int src, str group) -> Tensor",
+    "all_to_all_v": "all_to_all_v(Tensor t, int[] out_splits, int[] in_splits, str group) -> Tensor",
+    "gemm_all_reduce": "gemm_all_reduce(Tensor A, Tensor B, str group) -> Tensor",
+    "gemm_reduce_scatter": "gemm_reduce_scatter(Tensor A, Tensor B, str group) -> Tensor",
+    "all_gather_gemm": "all_gather_gemm(Tensor A_local, Tensor B, str group) -> Tensor",
+    "gemm_all_scatter": "gemm_all_scatter(Tensor A, Tensor B_local, str group) -> Tensor",
+    "all_reduce_rmsnorm": "all_reduce_rmsnorm(Tensor x, Tensor weight, float eps, Tensor? residual, str group) "
+                          "-> (Tensor, Tensor)",
+    "moe_dispatch": "moe_dispatch(Tensor x, Tensor topk_idx, int num_experts, int max_tokens_per_rank, "
+                    "Tensor? x_scales, str group) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+    "moe_combine": "moe_combine(Tensor expert_out, Tensor topk_weights, Tensor topk_idx, Tensor recv_src, "
+                   "Tensor handle, int num_experts, int max_tokens_per_rank, str group) -> Tensor",
+}
+_FAKES: dict = {}
+_LIBRARY: list = []  # the registered torch.library.Library, kept alive (registrations end with it)
+
+
+def _fake(name: str):
+    """Keep ``fn`` as op ``name``'s fake implementation (shapes only, for tracing)."""
+    def keep(fn):
+        _FAKES[name] = fn
+        return fn
+    return keep
+
+
+def register() -> None:
+    """Register every op of :data:`SCHEMAS` as ``torch.ops.trident.<name>`` (idempotent; ``trident.init``
+    calls it). The implementations serve the CPU (simulator) and CUDA dispatch keys.
+
+    Example::
+
+        trident.torch_ops.register()
+        y = torch.ops.trident.all_reduce(x, "sum", ctx.group_name)
+    """
+    if _LIBRARY:
+        return
+    library = torch.library.Library("trident", "DEF")
+    for name, schema in SCHEMAS.items():
+        library.define(schema)
+        for key in ("CPU", "CUDA"):
+            library.impl(name, globals()[name], key)
+        if name in _FAKES:
+            torch.library.register_fake(f"trident::{name}", _FAKES[name], lib=library)
+    _LIBRARY.append(library)
 
 
 def _plain_copy(t: torch.Tensor) -> torch.Tensor:
@@ -50,22 +110,29 @@ def _world(group: str) -> int:
 
 # -- collectives ------------------------------------------------------------------------------------
 
-@torch.library.custom_op("trident::all_reduce", mutates_args=())
 def all_reduce(t: torch.Tensor, op: str, group: str) -> torch.Tensor:
-    """``t`` reduced over the group's ranks with ``op`` ("sum", "max", "min"), as a new tensor."""
+    """``t`` reduced over the group's ranks with ``op`` ("sum", "max", "min"), as a new tensor (the
+    kernel reads ``t`` and writes the result: no staging copy)."""
     from . import ccl
 
-    out = _plain_copy(t)
     ctx, g = resolve(group)
-    return ccl.all_reduce(ctx, out, op=op, group=g)
+    out = torch.empty_like(t, memory_format=torch.contiguous_format)
+    return ccl.all_reduce(ctx, t.contiguous(), op=op, group=g, out=out)
 
 
-@all_reduce.register_fake
+def all_reduce_(t: torch.Tensor, op: str, group: str) -> None:
+    """``t`` reduced over the group's ranks in place (``t`` contiguous; on the heap it is not staged)."""
+    from . import ccl
+
+    ctx, g = resolve(group)
+    ccl.all_reduce(ctx, t, op=op, group=g)
+
+
+@_fake("all_reduce")
 def _(t, op, group):
     return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("trident::all_gather", mutates_args=())
 def all_gather(t: torch.Tensor, group: str) -> torch.Tensor:
     """Every rank's ``t`` stacked along dim 0, in rank order."""
     from . import ccl
@@ -75,12 +142,11 @@ def all_gather(t: torch.Tensor, group: str) -> torch.Tensor:
     return ccl.all_gather(ctx, out, t.contiguous(), group=g)
 
 
-@all_gather.register_fake
+@_fake("all_gather")
 def _(t, group):
     return t.new_empty((_world(group) * t.shape[0], *t.shape[1:]))
 
 
-@torch.library.custom_op("trident::reduce_scatter", mutates_args=())
 def reduce_scatter(t: torch.Tensor, op: str, group: str) -> torch.Tensor:
     """Chunk ``rank`` (dim 0) of ``t`` reduced over the ranks with ``op``."""
     from . import ccl
@@ -90,12 +156,11 @@ def reduce_scatter(t: torch.Tensor, op: str, group: str) -> torch.Tensor:
     return ccl.reduce_scatter(ctx, out, t.contiguous(), op=op, group=g)
 
 
-@reduce_scatter.register_fake
+@_fake("reduce_scatter")
 def _(t, op, group):
     return t.new_empty((t.shape[0] // _world(group), *t.shape[1:]))
 
 
-@torch.library.custom_op("trident::all_to_all", mutates_args=())
 def all_to_all(t: torch.Tensor, group: str) -> torch.Tensor:
     """Chunk p (dim 0) of ``t`` to rank p; chunk p of the result from rank p."""
     from . import ccl
@@ -105,12 +170,11 @@ def all_to_all(t: torch.Tensor, group: str) -> torch.Tensor:
     return ccl.all_to_all(ctx, out, t.contiguous(), group=g)
 
 
-@all_to_all.register_fake
+@_fake("all_to_all")
 def _(t, group):
     return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("trident::broadcast", mutates_args=())
 def broadcast(t: torch.Tensor, src: int, group: str) -> torch.Tensor:
     """Rank ``src``'s ``t`` on every rank."""
     from . import ccl
@@ -119,46 +183,47 @@ def broadcast(t: torch.Tensor, src: int, group: str) -> torch.Tensor:
     return ccl.broadcast(ctx, _plain_copy(t), src, group=g)
 
 
-@broadcast.register_fake
+@_fake("broadcast")
 def _(t, src, group):
     return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("trident::all_to_all_v", mutates_args=())
 def all_to_all_v(t: torch.Tensor, out_splits: list[int], in_splits: list[int], group: str) -> torch.Tensor:
     """Rows (dim 0) of ``t`` to every rank, ``in_splits[p]`` of them to rank ``p``; the result holds
     ``out_splits[p]`` rows from each rank ``p``, in rank order (``all_to_all_single`` with split sizes).
 
-    A ``t`` on the heap is read in place. A plain one is staged on the heap first, after the ranks
-    exchanged their row counts (a small all_gather and one host read: the stage must be the same
-    size everywhere), so pass a heap tensor where that sync matters (a CUDA graph).
+    The ranks first exchange their row counts (a small all_gather and one host read, on every rank
+    whatever its placement, so that all run the same collectives): a plain ``t`` is staged in a heap
+    buffer of the largest count, a ``t`` on the heap is read in place. The host read makes this op
+    unfit for CUDA-graph capture: there, call ``trident.ccl.all_to_all_v`` on a heap tensor with
+    device split sizes.
     """
     from . import ccl
     from .ccl.api import input_stage
-    from .runtime.groups import team
 
     ctx, g = resolve(group)
     me = team(ctx, g)
     src = t.contiguous()
+    # Every rank exchanges its row count, whatever its placement: a plain input is staged in a heap
+    # buffer of the largest count (the same size everywhere), and all ranks must run one collective.
+    rows = torch.full((1,), src.shape[0], dtype=torch.int64, device=src.device)
+    every = torch.empty(me.world_size, dtype=torch.int64, device=src.device)
+    most = int(ccl.all_gather(ctx, every, rows, group=g).max())
+    per_row = math.prod(src.shape[1:])
+    stage = input_stage(me, most * per_row, src.dtype)
     if not me.is_symmetric(src):
-        rows = torch.full((1,), src.shape[0], dtype=torch.int64, device=src.device)
-        every = torch.empty(me.world_size, dtype=torch.int64, device=src.device)
-        most = int(ccl.all_gather(ctx, every, rows, group=g).max())
-        per_row = src[0].numel() if src.dim() > 1 else 1
-        stage = input_stage(me, most * per_row, src.dtype)
         src = stage[:src.numel()].view(src.shape).copy_(src)
     out = torch.empty((sum(out_splits), *t.shape[1:]), dtype=t.dtype, device=t.device)
     return ccl.all_to_all_v(ctx, out, src, out_splits, in_splits, group=g)
 
 
-@all_to_all_v.register_fake
+@_fake("all_to_all_v")
 def _(t, out_splits, in_splits, group):
     return t.new_empty((sum(out_splits), *t.shape[1:]))
 
 
 # -- fused ops --------------------------------------------------------------------------------------
 
-@torch.library.custom_op("trident::gemm_all_reduce", mutates_args=())
 def gemm_all_reduce(A: torch.Tensor, B: torch.Tensor, group: str) -> torch.Tensor:
     """The sum over ranks of ``A_r @ B_r`` (row-parallel linear layer), on every rank."""
     from . import ops
@@ -168,12 +233,11 @@ def gemm_all_reduce(A: torch.Tensor, B: torch.Tensor, group: str) -> torch.Tenso
     return ops.gemm_all_reduce(ctx, A.contiguous(), B.contiguous(), C, group=g)
 
 
-@gemm_all_reduce.register_fake
+@_fake("gemm_all_reduce")
 def _(A, B, group):
     return A.new_empty((A.shape[0], B.shape[1]))
 
 
-@torch.library.custom_op("trident::gemm_reduce_scatter", mutates_args=())
 def gemm_reduce_scatter(A: torch.Tensor, B: torch.Tensor, group: str) -> torch.Tensor:
     """Rows ``rank * M/W ...`` of the sum over ranks of ``A_r @ B_r``."""
     from . import ops
@@ -183,12 +247,11 @@ def gemm_reduce_scatter(A: torch.Tensor, B: torch.Tensor, group: str) -> torch.T
     return ops.gemm_reduce_scatter(ctx, A.contiguous(), B.contiguous(), C, group=g)
 
 
-@gemm_reduce_scatter.register_fake
+@_fake("gemm_reduce_scatter")
 def _(A, B, group):
     return A.new_empty((A.shape[0] // _world(group), B.shape[1]))
 
 
-@torch.library.custom_op("trident::all_gather_gemm", mutates_args=())
 def all_gather_gemm(A_local: torch.Tensor, B: torch.Tensor, group: str) -> torch.Tensor:
     """Every rank's rows of A (stacked in rank order) times ``B``."""
     from . import ops
@@ -198,12 +261,11 @@ def all_gather_gemm(A_local: torch.Tensor, B: torch.Tensor, group: str) -> torch
     return ops.all_gather_gemm(ctx, A_local.contiguous(), B.contiguous(), C, group=g)  # a plain A_local is staged
 
 
-@all_gather_gemm.register_fake
+@_fake("all_gather_gemm")
 def _(A_local, B, group):
     return A_local.new_empty((_world(group) * A_local.shape[0], B.shape[1]))
 
 
-@torch.library.custom_op("trident::gemm_all_scatter", mutates_args=())
 def gemm_all_scatter(A: torch.Tensor, B_local: torch.Tensor, group: str) -> torch.Tensor:
     """``A @ B`` on every rank, where rank r holds B's column block r."""
     from . import ops
@@ -219,12 +281,11 @@ def gemm_all_scatter(A: torch.Tensor, B_local: torch.Tensor, group: str) -> torc
         owner.free(C)
 
 
-@gemm_all_scatter.register_fake
+@_fake("gemm_all_scatter")
 def _(A, B_local, group):
     return A.new_empty((A.shape[0], _world(group) * B_local.shape[1]))
 
 
-@torch.library.custom_op("trident::all_reduce_rmsnorm", mutates_args=())
 def all_reduce_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
                        group: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``h = all_reduce(x) (+ residual)``, ``out = rmsnorm(h) * weight``: returns ``(out, h)``."""
@@ -234,14 +295,13 @@ def all_reduce_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residu
     return ops.all_reduce_rmsnorm(ctx, x.contiguous(), weight, eps=eps, residual=residual, group=g)
 
 
-@all_reduce_rmsnorm.register_fake
+@_fake("all_reduce_rmsnorm")
 def _(x, weight, eps, residual, group):
     return torch.empty_like(x), torch.empty_like(x)
 
 
 # -- expert parallelism -----------------------------------------------------------------------------
 
-@torch.library.custom_op("trident::moe_dispatch", mutates_args=())
 def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, max_tokens_per_rank: int,
                  x_scales: torch.Tensor | None, group: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                                     torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -260,7 +320,7 @@ def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, max_
             _plain_copy(scales), handle)
 
 
-@moe_dispatch.register_fake
+@_fake("moe_dispatch")
 def _(x, topk_idx, num_experts, max_tokens_per_rank, x_scales, group):
     from .ops.moe import SCALE_BLOCK
     from .ops.moe_kernels import STATUS_WORDS
@@ -274,7 +334,6 @@ def _(x, topk_idx, num_experts, max_tokens_per_rank, x_scales, group):
             x.new_empty((rows, scale_cols), dtype=torch.float32), topk_idx.new_empty(rows + STATUS_WORDS))
 
 
-@torch.library.custom_op("trident::moe_combine", mutates_args=())
 def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, topk_idx: torch.Tensor,
                 recv_src: torch.Tensor, handle: torch.Tensor, num_experts: int, max_tokens_per_rank: int,
                 group: str) -> torch.Tensor:
@@ -296,6 +355,6 @@ def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, topk_idx: 
                             max_tokens_per_rank, capacity)
 
 
-@moe_combine.register_fake
+@_fake("moe_combine")
 def _(expert_out, topk_weights, topk_idx, recv_src, handle, num_experts, max_tokens_per_rank, group):
     return expert_out.new_empty((topk_idx.shape[0], expert_out.shape[1]))

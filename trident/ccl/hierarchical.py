@@ -24,7 +24,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import api as flat
+from ..calls import run_call
+from . import collectives as flat
+from .checks import op_name
 from .workspace import workspace
 
 _TORCH_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -42,109 +44,85 @@ def _buffer(node, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
     return workspace(node).buffer(f"hierarchical.{name}", numel, dtype)
 
 
-def all_reduce(ctx, tensor: torch.Tensor, op: str, algorithm: str) -> torch.Tensor:
+def all_reduce(ctx, tensors, options) -> None:
     """Reduce-scatter in the node, all-reduce each shard across nodes, all-gather in the node."""
-    flat._check(ctx, "all_reduce", tensor=tensor)
-    name = flat._op_name(op)
-    if algorithm not in flat.ALGORITHMS:
-        raise ValueError(f"algorithm={algorithm!r} is not one of {flat.ALGORITHMS}")
-    ctx.agree_in_debug("all_reduce", tuple(tensor.shape), tensor.dtype, name)
+    inp, tensor = tensors
+    if tensor.data_ptr() != inp.data_ptr():
+        tensor.copy_(inp)  # out of place: reduce a copy in place
+    name = op_name(ctx, options[0])
     node, cross, _, size = _parts(ctx, "all_reduce")
     n = tensor.numel()
     chunk = -(-n // size)
     whole = _buffer(node, "whole", chunk * size, tensor.dtype)  # padded to a multiple of the node's size
     whole[:n].copy_(tensor.view(-1))
     shard = _buffer(node, "shard", chunk, tensor.dtype)
-    flat.reduce_scatter(ctx, shard, whole, op=name, group=node)
+    run_call(node, flat.REDUCE_SCATTER, (shard, whole), (name,))
     cross.all_reduce(shard, _TORCH_OPS[name])
-    flat.all_gather(ctx, whole, shard, group=node)
+    run_call(node, flat.ALL_GATHER, (whole, shard))
     tensor.view(-1).copy_(whole[:n])
-    return tensor
 
 
-def reduce_scatter(ctx, out: torch.Tensor, inp: torch.Tensor, op: str) -> torch.Tensor:
+def reduce_scatter(ctx, tensors, options) -> None:
     """Reduce in the node the chunks bound for the same local rank anywhere, then reduce-scatter across nodes."""
-    flat._check(ctx, "reduce_scatter", out=out, inp=inp)
-    name = flat._op_name(op)
-    if inp.numel() != ctx.world_size * out.numel():
-        raise ValueError(f"rank {ctx.rank}: reduce_scatter: inp has {inp.numel()} elements, expected world_size x "
-                         f"out = {ctx.world_size} x {out.numel()}")
-    ctx.agree_in_debug("reduce_scatter", tuple(inp.shape), inp.dtype, name)
+    out, inp = tensors
+    name = op_name(ctx, options[0])
     node, cross, nodes, size = _parts(ctx, "reduce_scatter")
     m = out.numel()
     # Chunk (n, l) of the world goes to local rank l of node n: group the chunks by local rank.
     arranged = flat.input_stage(node, inp.numel(), inp.dtype).view(size, nodes, m)
     arranged.copy_(inp.view(nodes, size, m).transpose(0, 1))
     mine = _buffer(node, "shard", nodes * m, inp.dtype)
-    flat.reduce_scatter(ctx, mine, arranged.view(-1), op=name, group=node)
+    run_call(node, flat.REDUCE_SCATTER, (mine, arranged.view(-1)), (name,))
     cross.reduce_scatter(out.view(-1), mine, _TORCH_OPS[name])
-    return out
 
 
-def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+def all_gather(ctx, tensors, options) -> None:
     """All-gather across nodes (each rank's part crosses once), all-gather in the node, reorder."""
-    flat._check(ctx, "all_gather", out=out, inp=inp)
-    if out.numel() != ctx.world_size * inp.numel():
-        raise ValueError(f"rank {ctx.rank}: all_gather: out has {out.numel()} elements, expected world_size x "
-                         f"inp = {ctx.world_size} x {inp.numel()} (inp shape {tuple(inp.shape)})")
-    ctx.agree_in_debug("all_gather", tuple(inp.shape), inp.dtype)
+    out, inp = tensors
     node, cross, nodes, size = _parts(ctx, "all_gather")
     m = inp.numel()
     across = _buffer(node, "shard", nodes * m, inp.dtype)  # from local rank l of every node
     cross.all_gather(across, inp.reshape(-1))
     gathered = _buffer(node, "whole", size * nodes * m, inp.dtype)  # [local rank, node, m]
-    flat.all_gather(ctx, gathered, across, group=node)
+    run_call(node, flat.ALL_GATHER, (gathered, across))
     out.view(nodes, size, m).copy_(gathered.view(size, nodes, m).transpose(0, 1))
-    return out
 
 
-def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+def all_to_all(ctx, tensors, options) -> None:
     """All-to-all in the node (to the local rank that shares the destination's local rank), then across nodes."""
-    flat._check(ctx, "all_to_all", out=out, inp=inp)
+    out, inp = tensors
     w = ctx.world_size
-    if inp.dim() == 0 or inp.shape[0] % w or out.shape != inp.shape:
-        raise ValueError(f"rank {ctx.rank}: all_to_all: inp {tuple(inp.shape)} needs dim 0 divisible by "
-                         f"world_size = {w}, and out {tuple(out.shape)} the same shape")
-    if flat._overlap(out, inp):
-        raise ValueError(f"rank {ctx.rank}: all_to_all: out and inp share memory; pass a separate out")
-    ctx.agree_in_debug("all_to_all", tuple(inp.shape), inp.dtype)
     node, cross, nodes, size = _parts(ctx, "all_to_all")
     e = inp.shape[0] // w * math.prod(inp.shape[1:])  # elements per destination rank
     # Chunk for world rank (n, l) goes first to local rank l of this node: group chunks by local rank.
     arranged = flat.input_stage(node, inp.numel(), inp.dtype).view(size, nodes, e)
     arranged.copy_(inp.view(nodes, size, e).transpose(0, 1))
     got = _buffer(node, "whole", inp.numel(), inp.dtype).view(size, nodes, e)  # [source local rank, dest node]
-    flat.all_to_all(ctx, got.view(size * nodes, e), arranged.view(size * nodes, e), group=node)
+    run_call(node, flat.ALL_TO_ALL, (got.view(size * nodes, e), arranged.view(size * nodes, e)))
     send = got.transpose(0, 1).contiguous()  # [dest node, source local rank]
     cross.all_to_all(out.view(-1), send.view(-1))  # out: [source node, source local rank]
-    return out
 
 
-def broadcast(ctx, tensor: torch.Tensor, src: int) -> torch.Tensor:
+def broadcast(ctx, tensors, options) -> None:
     """Broadcast across nodes among the ranks with ``src``'s local rank, then in each node."""
-    flat._check(ctx, "broadcast", tensor=tensor)
-    if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < ctx.world_size:
-        raise ValueError(f"rank {ctx.rank}: broadcast: src={src!r} is not a rank (world size {ctx.world_size})")
-    ctx.agree_in_debug("broadcast", tuple(tensor.shape), tensor.dtype, src)
+    (tensor,), (src,) = tensors, options
     node, cross, _, size = _parts(ctx, "broadcast")
     if node.rank == src % size:
         cross.broadcast(tensor, src)
-    return flat.broadcast(ctx, tensor, src % size, group=node)
+    run_call(node, flat.BROADCAST, (tensor,), (src % size,))
 
 
-def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits) -> torch.Tensor:
+def all_to_all_v(ctx, tensors, options) -> None:
     """Rows to the local rank that shares the destination's local rank (trident, in the node), then
     across nodes (torch.distributed). Every rank's split sizes are exchanged on the host first (the
     intermediate row counts follow from them; device tensors of splits are copied to the host: a sync)."""
-    flat._check(ctx, "all_to_all_v", out=out, inp=inp)
-    flat._check_rows(ctx, out, inp, "all_to_all_v")
+    (out, inp), (out_splits, in_splits) = tensors, options
     inner = math.prod(inp.shape[1:])
     sizes = [torch.as_tensor(s).reshape(-1).tolist() for s in (out_splits, in_splits)]
     for name, split, rows in (("out_splits", sizes[0], out.shape[0]), ("in_splits", sizes[1], inp.shape[0])):
         if len(split) != ctx.world_size or sum(split) != rows or min(split) < 0:
             raise ValueError(f"rank {ctx.rank}: all_to_all_v: {name} {split} must hold world_size = "
                              f"{ctx.world_size} non-negative row counts summing to the {rows} rows along dim 0")
-    ctx.agree_in_debug("all_to_all_v", tuple(inp.shape[1:]), inp.dtype)
     node, cross, nodes, size = _parts(ctx, "all_to_all_v")
     sent = ctx.all_gather_object("all_to_all_v split sizes", sizes[1])  # sent[p][q]: rows p sends q
     me, mine = ctx._hierarchy.topology.node, node.rank
@@ -162,9 +140,8 @@ def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_split
         torch.cat([inp[starts[p]:starts[p] + sizes[1][p]] for p in order], out=send)
     from_home = [sum(sent[s][rank(n, mine)] for n in range(nodes)) for s in home]  # [source local rank][node]
     got = torch.empty(sum(from_home), *inp.shape[1:], dtype=inp.dtype, device=inp.device)
-    flat.all_to_all_v(ctx, got, send, out_splits=from_home,
-                      in_splits=[sum(sizes[1][rank(n, local)] for n in range(nodes)) for local in range(size)],
-                      group=node)
+    run_call(node, flat.ALL_TO_ALL_V, (got, send),
+             (from_home, [sum(sizes[1][rank(n, local)] for n in range(nodes)) for local in range(size)]))
     # Step 2, across nodes: to node n go the rows of every source in my node for (n, mine), by source.
     at, pieces = 0, {}
     for s in home:
@@ -175,4 +152,3 @@ def all_to_all_v(ctx, out: torch.Tensor, inp: torch.Tensor, out_splits, in_split
     to_node = [sum(sent[s][rank(n, mine)] for s in home) for n in range(nodes)]
     from_node = [sum(sent[rank(n, s)][ctx.rank] for s in range(size)) for n in range(nodes)]
     cross.all_to_all(out.view(-1), across.reshape(-1), [r * inner for r in from_node], [r * inner for r in to_node])
-    return out

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.prepared import Plan, PlanCache
 from ..runtime.resources import GrowingBuffer
 from .kernels import sync_words
 
@@ -23,9 +22,6 @@ class Workspace:
     Attributes:
         sync: the kernels' sync block (int64; layout in :mod:`trident.ccl.kernels`), zeroed once.
         table: ``3 * world_size`` int64 words: the split table of ``all_to_all_v``.
-        plans: the recorded calls of the small-message path (:mod:`trident.kernels.prepared`);
-            read them through :meth:`current_plans`, which forgets them whenever a buffer moved
-            (a plan holds the buffers' addresses).
     """
 
     def __init__(self, ctx):
@@ -33,8 +29,6 @@ class Workspace:
         self.sync = ctx.zeros(sync_words(ctx.world_size), dtype=torch.int64)
         self.table = ctx.zeros(3 * ctx.world_size, dtype=torch.int64)
         self._buffers: dict[str, GrowingBuffer] = {}
-        self.plans = PlanCache()
-        self.plans_generation = ctx._resources.generation  # of the buffers the plans launch on
         # A faster rank must not signal into our sync slots before we have zeroed them.
         ctx.barrier()
 
@@ -58,17 +52,9 @@ class Workspace:
         if grower is None:
             grower = self._buffers[name] = GrowingBuffer(self.ctx)
         nbytes = numel * dtype.itemsize
-        # A buffer that grows starts a new generation of the context's resources: the plans that
-        # launched on the old one are dropped (:meth:`current_plans`).
+        # A buffer that grows starts a new generation of the context's resources: the recorded
+        # calls that launched on the old one are dropped (trident.calls.cache).
         return grower.get(nbytes)[:nbytes].view(dtype)  # [:nbytes]: get() gives at least one byte
-
-    def current_plans(self) -> PlanCache:
-        """The plans, emptied first when a buffer moved since they were recorded (one grew, or a
-        ``heap_scope`` freed one): the generation of the context's resources changed."""
-        if self.plans_generation != self.ctx._resources.generation:
-            self.plans.clear()
-            self.plans_generation = self.ctx._resources.generation
-        return self.plans
 
 
 def workspace(ctx) -> Workspace:
@@ -83,34 +69,3 @@ def workspace(ctx) -> Workspace:
     """
     return ctx.resource(RESOURCE_KEY, lambda: Workspace(ctx))
 
-
-# The small-message path of the collectives: a call replays the plan its key recorded (see
-# trident.kernels.prepared and the module docstring of trident.ccl.api).
-
-def replay(ctx, key) -> bool:
-    """Run the plan recorded for ``key``, if there is one (never in the debug mode); whether it ran."""
-    if key is None or ctx.debug:
-        return False
-    plan = workspace(ctx).current_plans().get(key)
-    if plan is None:
-        return False
-    plan()
-    return True
-
-
-def new_plan(ctx, key) -> Plan | None:
-    """A plan to record this call into (None in the debug mode, which records nothing)."""
-    return None if key is None or ctx.debug else Plan()
-
-
-def keep_plan(ctx, key, plan: Plan | None) -> None:
-    """Remember a plan once its call has passed every check and launched."""
-    if plan is not None:  # its buffers were taken before its launches: it holds the current ones
-        workspace(ctx).current_plans().put(key, plan)
-
-
-def run_step(plan: Plan | None, step) -> None:
-    """Run a host step now, and again in every replay of ``plan``."""
-    step()
-    if plan is not None:
-        plan.steps.append(step)

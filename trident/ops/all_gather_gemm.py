@@ -19,13 +19,13 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..calls import run_call
 from ..ccl import all_gather
 from ..ccl.api import input_stage
 from ..runtime.groups import team
 from . import all_gather_gemm_kernels as kernels
 from . import multinode
-from .call_cache import call_key, recall, remember, replay, run
-from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, comm_span, prepare_call, split_roles
+from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, comm_span, fused_op, split_roles
 from .matmul import MatmulConfig, launch_matmul, num_programs
 from .torch_baselines import gather_into
 
@@ -133,9 +133,22 @@ ALL_GATHER_GEMM = OpSpec(
               "workgroup_specialized": _workgroup_specialized, "baseline": _baseline},
     auto_table=AUTO_TABLE,
     gpu_comm_programs=lambda world_size: GPU_COMM_PROGRAMS,
-    replayable=frozenset({"fused_sequential", "workgroup_specialized"}))
+    replayable=frozenset({"fused_sequential", "workgroup_specialized"}),
+    zero_when_k_is_zero=True)
 #: Every value of ``pattern``.
 PATTERNS = ALL_GATHER_GEMM.pattern_names
+
+
+def _shape(team, A_local, B, C):
+    (m, K), N = A_local.shape, B.shape[1]
+    M = team.world_size * m
+    return (M, N, K), M * N * K, M == 0 or N == 0
+
+
+#: The op as the call pipeline runs it.
+ALL_GATHER_GEMM_OP = fused_op(
+    ALL_GATHER_GEMM, lambda team, *args: _check_all_gather_gemm_args(team, *args), _shape,
+    across_nodes=lambda team, t, o: multinode.all_gather_gemm(team, t, o, ALL_GATHER_GEMM_OP))
 
 
 def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor, pattern: str = "auto",
@@ -169,26 +182,5 @@ def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor
         C = torch.empty(ctx.world_size * 1024, 2048, dtype=torch.bfloat16, device=ctx.device)
         trident.ops.all_gather_gemm(ctx, A_local, W_up_shard, C)       # every rank's tokens x my columns
     """
-    ctx = team(ctx, group)  # the whole world, or a group of ctx.new_group
-    if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
-        return multinode.all_gather_gemm(ctx, A_local, B, C, pattern=pattern, config=config,
-                                             comm_programs=comm_programs, trace=trace)
-    key = call_key(ctx, ALL_GATHER_GEMM, A_local, B, C, pattern, config, comm_programs, trace)
-    if replay(ctx, key):  # the same call as an earlier one: its recorded launches
-        return C
-    call = recall(ctx, key, A_local, B, C)
-    if call is None:  # the first call with this key: check everything, then decide
-        _check_all_gather_gemm_args(ctx, A_local, B, C, pattern, config, comm_programs)
-    m, K = A_local.shape
-    N = B.shape[1]
-    M = ctx.world_size * m
-    if call is None:
-        call = prepare_call(ctx, ALL_GATHER_GEMM, pattern, A_local, B, C, gemm=(M, N, K), size=M * N * K,
-                            config=config, comm_programs=comm_programs, trace=trace)
-        remember(ctx, key, call)
-    if M == 0 or N == 0:
-        return C
-    if K == 0:
-        return C.zero_()
-    run(ctx, key, call)
+    run_call(team(ctx, group), ALL_GATHER_GEMM_OP, (A_local, B, C), (pattern, config, comm_programs, trace))
     return C

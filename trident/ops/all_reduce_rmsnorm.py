@@ -18,14 +18,11 @@ workspace's input buffer, which the kernel fills before this sync) and waits unt
 overwrite it. Epochs live on the device: no host synchronisation inside, CUDA-graph replays stay
 correct.
 
-Small calls: a decode loop calls this every layer on the same buffers, where the checks, workspace
-lookups and Triton's launch path would cost ten times what the kernel does on the host. A call's
-key (:func:`~trident.kernels.prepared.plan_key`: the operands' addresses, shapes, strides and dtypes,
-and the options) finds what its first call decided and the compiled launch
-(:func:`~trident.kernels.prepared.prepare`); a later call with that key only allocates its new
-``out`` and ``h`` and launches (the kernel stages a plain ``x`` itself: no copy launch). An entry is used only in the
-generation of the context's resources it was made in: a staging buffer that grew, or a
-``heap_scope`` that ended, makes the next call take the full path again. The debug mode keeps none.
+Small calls: a decode loop calls this every layer, where the checks, workspace lookups and
+Triton's launch path would cost ten times what the kernel does on the host. The call runs through
+the call pipeline (:mod:`trident.calls`): a call with an earlier call's layout (shapes, strides,
+dtypes, placement; its options) replays that call's launch on this call's tensors, its fresh
+``out`` and ``h`` included (the kernel stages a plain ``x`` itself: no copy launch).
 """
 
 from __future__ import annotations
@@ -36,12 +33,11 @@ import numbers
 import torch
 import triton
 
+from ..calls import Op, run_call
 from ..ccl.api import input_stage
 from ..ccl.kernels import MAX_PROGRAMS
 from ..ccl.workspace import workspace
-from ..kernels.prepared import PlanCache, plan_key, prepare
 from ..runtime.groups import team
-from . import multinode
 from .all_reduce_rmsnorm_kernels import all_reduce_rmsnorm_kernel, num_warps
 from .fused_call import check_tensor
 
@@ -51,30 +47,6 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 OUT_DTYPES = (None, torch.float8_e4m3fn)
 #: Largest hidden size: a whole row is normalised in registers.
 MAX_HIDDEN = 32768
-#: The key of the small-call cache (a bounded :class:`~trident.kernels.prepared.PlanCache` of
-#: :class:`_Entry`) among the context's (or group's) resources.
-RESOURCE_KEY = "ops.all_reduce_rmsnorm"
-
-
-class _Entry:
-    """What a call with one key decided: the compiled launch, the heap stage the kernel copies ``x`` into
-    (None: ``x`` is on the heap), the launch's arguments after the call's own tensors (from
-    ``scale_value`` on), ``out``'s dtype, and the resources' generation the stage and sync block
-    are valid in. It holds none of the caller's tensors (the stage and sync block are the
-    workspace's, valid while the generation is)."""
-
-    __slots__ = ("launch", "stage", "rest", "out_dtype", "generation")
-
-    def __init__(self, launch, stage, rest, out_dtype, generation):
-        self.launch, self.stage, self.rest = launch, stage, rest
-        self.out_dtype, self.generation = out_dtype, generation
-
-
-def _key(x, weight, eps, residual, out_dtype, scale):
-    """The call's cache key (None: take the full path). Numbers go in with their type: ``eps=True``
-    must not hit the entry of ``eps=1.0`` (the check refuses the first)."""
-    number = scale if isinstance(scale, torch.Tensor) else (type(scale), scale)
-    return plan_key("all_reduce_rmsnorm", x, weight, residual, (type(eps), eps), out_dtype, number)
 
 
 def _fail(ctx, message: str, kind=ValueError):
@@ -139,47 +111,51 @@ def all_reduce_rmsnorm(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float = 
 
         out, residual = trident.ops.all_reduce_rmsnorm(ctx, partial, norm_weight, 1e-6, residual=residual)
     """
-    ctx = team(ctx, group)  # the whole world, or a group of ctx.new_group
-    if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
-        raise multinode.refuse(ctx, "all_reduce_rmsnorm")
-    key = None if ctx.debug else _key(x, weight, eps, residual, out_dtype, scale)
-    cache = ctx.resource(RESOURCE_KEY, PlanCache)
-    entry = None if key is None else cache.get(key)
-    if entry is not None and entry.generation == ctx._resources.generation:
-        # A hit: an earlier call on the same memory (addresses, shapes, strides, dtypes, options)
-        # passed every check and agreed with the peers; the stage and sync block have not moved.
+    me = team(ctx, group)  # the whole world, or a group of ctx.new_group
+    if isinstance(x, torch.Tensor) and (out_dtype is None or isinstance(out_dtype, torch.dtype)):
         h = torch.empty_like(x)  # new tensors on every call: the caller keeps the last ones
-        out = torch.empty(x.shape, dtype=entry.out_dtype, device=x.device)
-        entry.launch(x, x if entry.stage is None else entry.stage, residual, weight, out, h,
-                     scale if isinstance(scale, torch.Tensor) else None, *entry.rest)
-        return out, h
-    _check(ctx, x, weight, eps, residual, out_dtype, scale)
-    tokens, hidden = x.shape
-    fp8 = out_dtype is not None
-    ctx.agree_in_debug("all_reduce_rmsnorm", tuple(x.shape), x.dtype, residual is None, str(out_dtype))
-    # Allocated on every rank whether or not x is on the heap: allocations stay in step.
-    stage = input_stage(ctx, x.numel(), x.dtype).view(x.shape)
-    symmetric = ctx.is_symmetric(x)
-    source = x if symmetric else stage  # a plain x is copied into the stage by the kernel itself
-    h = torch.empty_like(x)
-    out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
-    if tokens == 0:  # the same on every rank: nobody launches (nor is anything kept)
-        return out, h
-    scale_ptr = scale if isinstance(scale, torch.Tensor) else None
-    scale_value = float(scale) if fp8 and scale_ptr is None else 1.0
-    block_h = triton.next_power_of_2(hidden)
-    programs = max(1, min(tokens, ctx.platform.program_limit, MAX_PROGRAMS))  # the same on every rank
-    rest = (scale_value, tokens, hidden, float(eps), workspace(ctx).sync, ctx.rank, ctx.world_size, ctx.heap_bases)
-    launch = prepare(
-        all_reduce_rmsnorm_kernel, (programs,), (x, source, residual, weight, out, h, scale_ptr, *rest),
-        {"FP8_OUT": fp8, "ROUND_FP8_IN_FP32": fp8 and ctx.platform.simulator, "STAGE": not symmetric,
-         "BLOCK_H": block_h, "WORLD_BLOCK": triton.next_power_of_2(ctx.world_size)},
-        num_warps=num_warps(block_h),
-    )
-    if key is not None:
-        # The generation after input_stage: a stage that grew in this call is the one recorded.
-        cache.put(key, _Entry(launch, None if symmetric else stage, rest, out.dtype, ctx._resources.generation))
+        out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+    else:  # the check says what is wrong
+        h = out = None
+    number = None if isinstance(scale, torch.Tensor) else scale
+    run_call(me, ALL_REDUCE_RMSNORM, (x, weight, residual, out, h, scale if number is None else None),
+             (eps, type(eps), out_dtype, number, type(number)))
     return out, h
 
 
-__all__ = ["all_reduce_rmsnorm", "DTYPES", "OUT_DTYPES", "MAX_HIDDEN"]
+def _check_call(team, tensors, options) -> None:
+    x, weight, residual, _, _, scale = tensors
+    eps, _, out_dtype, number, _ = options
+    _check(team, x, weight, eps, residual, out_dtype, scale if number is None else number)
+
+
+def _run(team, rec, tensors, options) -> None:
+    x, weight, residual, out, h, scale_ptr = tensors
+    eps, _, out_dtype, number, _ = options
+    tokens, hidden = x.shape
+    fp8 = out_dtype is not None
+    # Allocated on every rank whether or not x is on the heap: allocations stay in step.
+    stage = input_stage(team, x.numel(), x.dtype).view(x.shape)
+    symmetric = team.is_symmetric(x)
+    if tokens == 0:  # the same on every rank: nobody launches
+        rec.discard()
+        return
+    scale_value = float(number) if fp8 and scale_ptr is None else 1.0
+    block_h = triton.next_power_of_2(hidden)
+    programs = max(1, min(tokens, team.platform.program_limit, MAX_PROGRAMS))  # the same on every rank
+    rec.launch(
+        all_reduce_rmsnorm_kernel, (programs,),
+        (x, x if symmetric else stage, residual, weight, out, h, scale_ptr, scale_value, tokens, hidden, float(eps),
+         workspace(team).sync, team.rank, team.world_size, team.heap_bases),
+        {"FP8_OUT": fp8, "ROUND_FP8_IN_FP32": fp8 and team.platform.simulator, "STAGE": not symmetric,
+         "BLOCK_H": block_h, "WORLD_BLOCK": triton.next_power_of_2(team.world_size)},
+        num_warps=num_warps(block_h))
+
+
+#: The op as the call pipeline runs it (it does not run across nodes: run it in a node's group).
+ALL_REDUCE_RMSNORM = Op(
+    "all_reduce_rmsnorm", _check_call, _run,
+    facts=lambda tensors, options: (tuple(tensors[0].shape), tensors[0].dtype, tensors[2] is None, str(options[2])))
+
+
+__all__ = ["all_reduce_rmsnorm", "ALL_REDUCE_RMSNORM", "DTYPES", "OUT_DTYPES", "MAX_HIDDEN"]

@@ -28,9 +28,8 @@ from collections.abc import Callable
 import torch
 import triton
 
+from ..calls import Op, Recording
 from ..errors import NotSymmetricError
-from ..kernels import prepared
-from ..kernels.prepared import Plan
 from .call_sync import sync_block
 from .matmul import MatmulConfig, check_matrices, pick_config
 
@@ -51,7 +50,10 @@ class OpSpec:
             gives none (the simulator always takes ``trident.platform.SIM_COMM_PROGRAMS``).
         shared_gpu_pattern: what ``auto`` runs when ranks share a GPU (NCCL cannot run there).
         replayable: the patterns whose every launch and copy goes through :meth:`FusedCall.launch`
-            and :meth:`FusedCall.copy`: a repeated call replays them (:mod:`trident.ops.call_cache`).
+            and :meth:`FusedCall.copy`: a repeated call replays them (:mod:`trident.calls`); the
+            others are run again with the first call's decisions.
+        zero_when_k_is_zero: whether a call with K == 0 only zeroes C (the ops whose C is a plain
+            product); the partial-sum ops run their collective all the same.
     """
 
     name: str
@@ -60,6 +62,7 @@ class OpSpec:
     gpu_comm_programs: Callable[[int], int]
     shared_gpu_pattern: str = "fused_sequential"
     replayable: frozenset[str] = frozenset()
+    zero_when_k_is_zero: bool = False
 
     @property
     def pattern_names(self) -> tuple[str, ...]:
@@ -99,7 +102,7 @@ class FusedCall:
     ``A``, ``B`` and ``C`` are the op's operands in its argument order (their meaning is the op's);
     ``cfg`` the GEMM's tile config, the same on every rank; ``comm_programs`` the programs that
     communicate where the pattern splits roles; ``trace`` a ``trident.trace.Trace`` or None;
-    ``plan`` where the run records its launches for replay (:mod:`trident.ops.call_cache`), or None.
+    ``rec`` the recording the run launches through (:mod:`trident.calls`), or None (plain launches).
     """
 
     ctx: object
@@ -111,7 +114,7 @@ class FusedCall:
     cfg: MatmulConfig
     comm_programs: int
     trace: object = None
-    plan: Plan | None = None
+    rec: Recording | None = None
 
     @property
     def trace_ptr(self) -> torch.Tensor | None:
@@ -133,19 +136,20 @@ class FusedCall:
         self.spec.patterns[self.pattern](self)
 
     def launch(self, kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, **options) -> None:
-        """``kernel[grid](*args, **constexprs, **options)``, recorded in :attr:`plan` (see
-        :func:`trident.kernels.prepared.launch`)."""
-        prepared.launch(self.plan, kernel, grid, args, constexprs, **options)
+        """``kernel[grid](*args, **constexprs, **options)``, recorded in :attr:`rec` (if any)."""
+        if self.rec is None:
+            kernel[grid](*args, **constexprs, **options)
+        else:
+            self.rec.launch(kernel, grid, args, constexprs, **options)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-        """``dst.copy_(src)``, recorded in :attr:`plan` (see :func:`trident.kernels.prepared.copy`)."""
-        prepared.copy(self.plan, dst, src, on_gpu=not self.ctx.platform.simulator)
-        return dst
+        """``dst.copy_(src)``, recorded in :attr:`rec` (if any)."""
+        return dst.copy_(src) if self.rec is None else self.rec.copy(dst, src)
 
     def own(self, *tensors: torch.Tensor) -> None:
         """Scratch this run made and launches on: a recording keeps it alive and reuses it."""
-        if self.plan is not None:
-            self.plan.own(*tensors)
+        if self.rec is not None:
+            self.rec.own(*tensors)
 
 
 def prepare_call(ctx, spec: OpSpec, pattern: str, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, *,
@@ -174,6 +178,46 @@ def prepare_call(ctx, spec: OpSpec, pattern: str, A: torch.Tensor, B: torch.Tens
             pattern = spec.shared_gpu_pattern  # the NCCL baseline runs over the world, never in a group
     return FusedCall(ctx, spec, pattern, A, B, C, cfg=config or pick_config(*gemm, A.dtype, ctx.platform),
                      comm_programs=comm_programs or spec.comm_programs(ctx.platform), trace=trace)
+
+
+def fused_op(spec: OpSpec, check, shape, across_nodes=None) -> Op:
+    """The call pipeline's record (:class:`trident.calls.Op`) of a fused GEMM op.
+
+    Operands are ``(A, B, C)`` in the op's order, options ``(pattern, config, comm_programs, trace)``.
+
+    Args:
+        spec: the op's patterns, ``auto`` table and defaults.
+        check: ``check(team, A, B, C, pattern, config, comm_programs)``: the op's argument check.
+        shape: ``shape(team, A, B, C)`` -> ``((M, N, K), size, empty)``: the GEMM this rank runs
+            (its tile config is picked for it), the M*N*K ``auto`` looks up, and whether C is empty
+            (nothing to do).
+        across_nodes: the pipeline's across-nodes hook, or None (the op refuses).
+
+    Example::
+
+        GEMM_ALL_REDUCE_OP = fused_op(GEMM_ALL_REDUCE, check, lambda team, A, B, C: (...))
+    """
+
+    def run(team, rec, tensors, options) -> None:
+        A, B, C = tensors
+        pattern, config, comm_programs, trace = options
+        gemm, size, empty = shape(team, A, B, C)
+        call = prepare_call(team, spec, pattern, A, B, C, gemm=gemm, size=size, config=config,
+                            comm_programs=comm_programs, trace=trace)
+        if empty or (gemm[2] == 0 and spec.zero_when_k_is_zero):
+            rec.discard()  # cheap either way: a later call takes the full path again
+            if not empty:
+                C.zero_()
+            return
+        if call.pattern in spec.replayable:
+            dataclasses.replace(call, rec=rec).run()
+            return
+        decided = dataclasses.replace(call, A=None, B=None, C=None)  # torch work, nested calls: run again
+        rec.rerun_with(lambda A, B, C: dataclasses.replace(decided, A=A, B=B, C=C).run())
+        call.run()
+
+    return Op(spec.name, check=lambda team, t, o: check(team, *t, *o[:3]), run=run, across_nodes=across_nodes,
+              cacheable=lambda options: options[3] is None)
 
 
 def split_roles(call: FusedCall, comm_work: int, other_work: int) -> tuple[int, int]:

@@ -23,11 +23,10 @@ import contextlib
 import torch
 import triton
 
+from ..calls import run_call
 from ..runtime.groups import team
 from . import gemm_all_scatter_kernels as kernels
-from . import multinode
-from .call_cache import call_key, recall, remember, replay, run
-from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, prepare_call, split_roles
+from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, fused_op, split_roles
 from .matmul import MatmulConfig, launch_matmul, num_programs, operands
 from .torch_baselines import gather_into
 
@@ -95,7 +94,7 @@ def _bulk_synchronous(call: FusedCall) -> None:
     """The matmul into my column block, then the all-scatter kernel."""
     s = _Block(call)
     sync = call.sync()
-    launch_matmul(call.A, call.B, s.block, call.cfg, call.trace_ptr, call.ctx.rank, call.plan)
+    launch_matmul(call.A, call.B, s.block, call.cfg, call.trace_ptr, call.ctx.rank, call.rec)
     _scatter(call, s, sync, num_programs(call.ctx.platform, s.tiles, call.cfg), wait_flags=False)
 
 
@@ -172,9 +171,20 @@ GEMM_ALL_SCATTER = OpSpec(
               "baseline": _baseline},
     auto_table=AUTO_TABLE,
     gpu_comm_programs=gpu_comm_programs,
-    replayable=frozenset({"bulk_synchronous", "fused_sequential", "workgroup_specialized"}))
+    replayable=frozenset({"bulk_synchronous", "fused_sequential", "workgroup_specialized"}),
+    zero_when_k_is_zero=True)
 #: Every value of ``pattern``.
 PATTERNS = GEMM_ALL_SCATTER.pattern_names
+
+
+def _shape(team, A, B_local, C):
+    (M, K), n_local = A.shape, B_local.shape[1]
+    return (M, n_local, K), M * C.shape[1] * K, M == 0 or n_local == 0
+
+
+#: The op as the call pipeline runs it (it does not run across nodes).
+GEMM_ALL_SCATTER_OP = fused_op(GEMM_ALL_SCATTER, lambda team, *args: _check_gemm_all_scatter_args(team, *args),
+                               _shape)
 
 
 def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tensor, pattern: str = "auto",
@@ -205,25 +215,5 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
         C = ctx.empty(M, N, dtype=torch.bfloat16)
         trident.ops.gemm_all_scatter(ctx, A, B_local, C, pattern="fused_sequential")
     """
-    ctx = team(ctx, group)  # the whole world, or a group of ctx.new_group
-    if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
-        raise multinode.refuse(ctx, "gemm_all_scatter")
-    key = call_key(ctx, GEMM_ALL_SCATTER, A, B_local, C, pattern, config, comm_programs, trace)
-    if replay(ctx, key):  # the same call as an earlier one: its recorded launches
-        return C
-    call = recall(ctx, key, A, B_local, C)
-    if call is None:  # the first call with this key: check everything, then decide
-        _check_gemm_all_scatter_args(ctx, A, B_local, C, pattern, config, comm_programs)
-    M, K = A.shape
-    n_local = B_local.shape[1]
-    if call is None:
-        call = prepare_call(ctx, GEMM_ALL_SCATTER, pattern, A, B_local, C, gemm=(M, n_local, K),
-                            size=M * C.shape[1] * K,
-                            config=config, comm_programs=comm_programs, trace=trace)
-        remember(ctx, key, call)
-    if M == 0 or n_local == 0:
-        return C
-    if K == 0:
-        return C.zero_()
-    run(ctx, key, call)
+    run_call(team(ctx, group), GEMM_ALL_SCATTER_OP, (A, B_local, C), (pattern, config, comm_programs, trace))
     return C

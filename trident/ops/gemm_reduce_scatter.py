@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import torch
 
+from ..calls import run_call
 from ..ccl import reduce_scatter
 from ..runtime.groups import team
 from . import multinode
-from .call_cache import call_key, recall, remember, replay, run
-from .fused_call import FusedCall, OpSpec, comm_span, prepare_call
+from .fused_call import FusedCall, OpSpec, comm_span, fused_op
 from .gemm_reduce import GPU_COMM_PROGRAMS, check_partial_product_args, partial_product, push_and_sum, push_then_sum
 from .matmul import MatmulConfig
 from .torch_baselines import reduce_scatter_into
@@ -70,6 +70,22 @@ GEMM_REDUCE_SCATTER = OpSpec(
 PATTERNS = GEMM_REDUCE_SCATTER.pattern_names
 
 
+def _check(team, A, B, C, pattern, config, comm_programs) -> None:
+    check_partial_product_args(team, GEMM_REDUCE_SCATTER, A, B, C, pattern, config, comm_programs,
+                               rows_per_rank=True)
+
+
+def _shape(team, A, B, C):
+    (M, K), N = A.shape, B.shape[1]
+    return (M, N, K), M * N * K, M // team.world_size == 0 or N == 0  # K == 0: the partials sum to zero
+
+
+#: The op as the call pipeline runs it.
+GEMM_REDUCE_SCATTER_OP = fused_op(
+    GEMM_REDUCE_SCATTER, _check, _shape,
+    across_nodes=lambda team, t, o: multinode.gemm_reduce_scatter(team, t, o, GEMM_REDUCE_SCATTER_OP))
+
+
 def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, pattern: str = "auto",
                         config: MatmulConfig | None = None, comm_programs: int | None = None,
                         trace=None, group=None) -> torch.Tensor:
@@ -96,25 +112,5 @@ def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, 
         C = torch.empty(M // ctx.world_size, N, dtype=torch.bfloat16, device=ctx.device)
         trident.ops.gemm_reduce_scatter(ctx, hidden_shard, W_down_shard, C)
     """
-    ctx = team(ctx, group)  # the whole world, or a group of ctx.new_group
-    if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
-        return multinode.gemm_reduce_scatter(ctx, A, B, C, pattern=pattern, config=config,
-                                             comm_programs=comm_programs, trace=trace)
-    key = call_key(ctx, GEMM_REDUCE_SCATTER, A, B, C, pattern, config, comm_programs, trace)
-    if replay(ctx, key):  # the same call as an earlier one: its recorded launches
-        return C
-    call = recall(ctx, key, A, B, C)
-    if call is None:  # the first call with this key: check everything, then decide
-        check_partial_product_args(ctx, GEMM_REDUCE_SCATTER, A, B, C, pattern, config, comm_programs,
-                                   rows_per_rank=True)
-    M, K = A.shape
-    N = B.shape[1]
-    m = M // ctx.world_size
-    if call is None:
-        call = prepare_call(ctx, GEMM_REDUCE_SCATTER, pattern, A, B, C, gemm=(M, N, K), size=M * N * K,
-                            config=config, comm_programs=comm_programs, trace=trace)
-        remember(ctx, key, call)
-    if m == 0 or N == 0:
-        return C
-    run(ctx, key, call)  # K == 0 too: every pattern sums zero partials (the collective still runs on every rank)
+    run_call(team(ctx, group), GEMM_REDUCE_SCATTER_OP, (A, B, C), (pattern, config, comm_programs, trace))
     return C

@@ -23,7 +23,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import platform as _platform
 from .. import trace
-from ..kernels.prepared import Plan, PlanCache, by_address, launch, prepare, rebased
+from ..calls import CallCache, Recording, layout_key
+from ..kernels.prepared import by_address, prepare, rebased
 from .matmul_config import SIM_CONFIG, MatmulConfig, cut_plan, pick_config
 from .tiles import tile_coords, tile_dot, tile_dot_range, tile_offsets
 
@@ -224,7 +225,7 @@ def check_matmul_operands(A: torch.Tensor, B: torch.Tensor, where: str) -> None:
 
 
 def launch_matmul(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: MatmulConfig,
-                  trace_ptr: torch.Tensor | None = None, rank: int = 0, plan: Plan | None = None) -> None:
+                  trace_ptr: torch.Tensor | None = None, rank: int = 0, rec: Recording | None = None) -> None:
     """Launch the persistent matmul ``C = A @ B`` on the current stream (no checks; C may be a strided view).
 
     Args:
@@ -233,17 +234,20 @@ def launch_matmul(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: Matmul
         trace_ptr: a trace buffer (:class:`trident.trace.Trace`'s ``ptr``) to record every tile in
             as a compute event of ``rank``, or None.
         rank: whose events they are.
-        plan: where to record the launch for replay (:mod:`trident.kernels.prepared`), or None.
+        rec: the call's recording to launch through (:mod:`trident.calls`), or None.
 
     Example::
 
         launch_matmul(A, B, C, pick_config(M, N, K, A.dtype, ctx.platform))
     """
     grid, args, constexprs, options, scratch = _launch_parts(A, B, C, cfg, trace_ptr, rank)
-    if plan is not None and scratch:  # a replay reuses the scratch, its counts zeroed first
-        plan.own(*scratch)
-        plan.steps.append(scratch[1].zero_)
-    launch(plan, matmul_kernel, grid, args, constexprs, **options)
+    if rec is None:
+        matmul_kernel[grid](*args, **constexprs, **options)
+        return
+    if scratch:  # a replay reuses the scratch, its counts zeroed first
+        rec.own(*scratch)
+        rec.every_replay(scratch[1].zero_, now=False)
+    rec.launch(matmul_kernel, grid, args, constexprs, **options)
 
 
 def _launch_parts(A, B, C, cfg: MatmulConfig, trace_ptr=None, rank: int = 0):
@@ -310,16 +314,15 @@ class _PreparedMatmul:
         self._launch(*values)
 
 
-#: ``matmul``'s prepared launches by call signature, the oldest dropped past the cache's size.
-_PREPARED = PlanCache()
+#: ``matmul``'s prepared launches by layout (the one small-call cache's class; no team, so no generation).
+_PREPARED = CallCache()
 
 
 def _signature(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, config: MatmulConfig | None):
-    """What fixes a matmul launch's compiled kernel and grid, all but the addresses: every int argument
-    (shapes, strides), the dtypes, the device, the config, and whether each base is 16-byte aligned
-    (Triton specializes pointers on that; TMA needs it)."""
-    return (A.shape, A.stride(), B.shape, B.stride(), C.stride(), A.dtype, A.device, config,
-            A.data_ptr() % 16 == 0, B.data_ptr() % 16 == 0, C.data_ptr() % 16 == 0)
+    """What fixes a matmul launch's compiled kernel and grid, all but the addresses: the operands'
+    layouts (shapes, strides, dtypes, 16-byte alignment: Triton specializes pointers on it, TMA
+    needs it), the device and the config."""
+    return layout_key("matmul", (A, B, C), (config, A.device), None)
 
 
 def matmul(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,

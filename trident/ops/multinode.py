@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ..calls import run_call
 from ..ccl import all_gather
 from ..errors import TopologyError
 
@@ -52,10 +53,10 @@ def _check_2d(ctx, name: str, **tensors) -> None:
             raise ValueError(f"rank {ctx.rank}: {name}: {key} must be a 2-D tensor")
 
 
-def gemm_reduce_scatter(ctx, A, B, C, **options) -> torch.Tensor:
-    """``C = (sum over the world's ranks of A @ B)[my rows]``, hierarchically (see the module docstring)."""
-    from .gemm_reduce_scatter import gemm_reduce_scatter as fused
-
+def gemm_reduce_scatter(ctx, tensors, options, fused) -> None:
+    """``C = (sum over the world's ranks of A @ B)[my rows]``, hierarchically (see the module docstring);
+    ``fused`` is the op's pipeline record, run over the node."""
+    A, B, C = tensors
     _check_2d(ctx, "gemm_reduce_scatter", A=A, B=B, C=C)
     node, cross, nodes, size = _parts(ctx, "gemm_reduce_scatter")
     (M, K), cols = A.shape, B.shape[1]
@@ -69,18 +70,18 @@ def gemm_reduce_scatter(ctx, A, B, C, **options) -> torch.Tensor:
     per_node, pending = A.contiguous().view(nodes, size * m, K), []
     for n in range(nodes):
         mine = torch.empty(m, cols, dtype=C.dtype, device=C.device)
-        fused(ctx, per_node[n], B, mine, group=node, **options)
+        run_call(node, fused, (per_node[n], B, mine), options)
         pending.append((mine, cross.reduce(mine, dsts[n], async_op=True)))
     for _, work in pending:
         if work is not None:
             work.wait()
-    return C.copy_(pending[me][0])
+    C.copy_(pending[me][0])
 
 
-def all_gather_gemm(ctx, A_local, B, C, **options) -> torch.Tensor:
-    """``C = all_gather(A_local) @ B`` over the world's ranks, hierarchically (see the module docstring)."""
-    from .all_gather_gemm import all_gather_gemm as fused
-
+def all_gather_gemm(ctx, tensors, options, fused) -> None:
+    """``C = all_gather(A_local) @ B`` over the world's ranks, hierarchically (see the module docstring);
+    ``fused`` is the op's pipeline record, run over the node."""
+    A_local, B, C = tensors
     _check_2d(ctx, "all_gather_gemm", A_local=A_local, B=B, C=C)
     node, cross, nodes, size = _parts(ctx, "all_gather_gemm")
     (m, K), cols = A_local.shape, B.shape[1]
@@ -92,28 +93,30 @@ def all_gather_gemm(ctx, A_local, B, C, **options) -> torch.Tensor:
     work = cross.all_gather(across, A_local, async_op=True)  # local rank l of every node, meanwhile:
     out = C if C.is_contiguous() else torch.empty_like(C, memory_format=torch.contiguous_format)
     rows = out.view(nodes, size * m, cols)  # node n's rows of C, gathered over the node from its local ranks
-    fused(ctx, A_local, B, rows[me], group=node, **options)  # my node's rows need nothing from other nodes
+    run_call(node, fused, (A_local, B, rows[me]), options)  # my node's rows need nothing from other nodes
     if work is not None:
         work.wait()
     for n in range(nodes):
         if n != me:
-            fused(ctx, across[n * m:(n + 1) * m], B, rows[n], group=node, **options)
-    return C if out is C else C.copy_(out)
+            run_call(node, fused, (across[n * m:(n + 1) * m], B, rows[n]), options)
+    if out is not C:
+        C.copy_(out)
 
 
-def gemm_all_reduce(ctx, A, B, C, **options) -> torch.Tensor:
-    """``C = sum over the world's ranks of A @ B``, hierarchically (see the module docstring)."""
-    from .gemm_all_reduce import gemm_all_reduce as fused
-
+def gemm_all_reduce(ctx, tensors, options, fused) -> None:
+    """``C = sum over the world's ranks of A @ B``, hierarchically (see the module docstring);
+    ``fused`` is the op's pipeline record, run over the node."""
+    A, B, C = tensors
     _check_2d(ctx, "gemm_all_reduce", A=A, B=B, C=C)
     node, cross, _, size = _parts(ctx, "gemm_all_reduce")
-    fused(ctx, A, B, C, group=node, **options)  # the node's sum, on every rank of the node
+    run_call(node, fused, (A, B, C), options)  # the node's sum, on every rank of the node
     M, cols = C.shape
     if M % size or not C.is_contiguous():  # each local rank reduces all of C across nodes
         flat = C.contiguous()
         cross.all_reduce(flat)
-        return C if flat is C else C.copy_(flat)
+        if flat is not C:
+            C.copy_(flat)
+        return
     rows = C.view(size, M // size, cols)[node.rank].clone()  # my 1/L of the rows crosses nodes
     cross.all_reduce(rows)
     all_gather(ctx, C.view(-1), rows.view(-1), group=node)
-    return C

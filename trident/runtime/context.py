@@ -11,6 +11,7 @@ import torch
 
 from .. import config, layout
 from .. import platform as _platform
+from ..calls.cache import CallCache
 from ..errors import (
     ContextClosedError,
     DeviceError,
@@ -132,6 +133,7 @@ class Context(SymmetricHeapMixin):
         self.device = self._backend.device
         self.platform = _platform.for_device(self.device, self.world_size)
         self._resources = Resources()
+        self.call_cache = CallCache(self._resources)  # the recorded calls of this team (trident.calls)
         try:
             handle = self._backend.create(heap_size)
             exchanged = [pickle.loads(v) for v in rendezvous.all_gather("heap handle exchange", pickle.dumps(
@@ -144,6 +146,7 @@ class Context(SymmetricHeapMixin):
             self._heaps = self._backend.open_peers([h if topo.reachable(r) else None
                                                     for r, (_, h, _, _) in enumerate(exchanged)])
             self._heap = self._heaps[self.rank]
+            self.heap_range = (self._heap.data_ptr(), self._heap.data_ptr() + heap_size)  # for trident.calls
             bases = [0 if h is None else h.data_ptr() for h in self._heaps]
             misaligned = [r for r, b in enumerate(bases) if b % layout.BASE_ALIGN]
             if misaligned:

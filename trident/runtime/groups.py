@@ -32,6 +32,7 @@ import weakref
 import torch
 
 from .. import layout
+from ..calls.cache import CallCache
 from ..errors import HeapExhaustedError, TopologyError
 from .allocator import SymmetricAllocator
 from .resources import Resources
@@ -100,6 +101,8 @@ class Group:
         start = region_offset + _BARRIER_BYTES
         self._allocator = SymmetricAllocator(start, region_offset + region.numel(), layout.ALLOC_ALIGN)
         self._resources = Resources()
+        self.call_cache = CallCache(self._resources)  # the recorded calls of this group (trident.calls)
+        self.heap_range = ctx.heap_range
 
     def __repr__(self) -> str:
         return f"Group({self.group_name!r}, ranks={list(self.ranks)}, rank={self.rank})"

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from .. import layout
+from ..calls.cache import CallCache
 from ..errors import TopologyError
 from .groups import Group, new_group
 
@@ -250,7 +251,8 @@ class NodeTeam(Group):
 
     def __init__(self, ctx, *args):
         super().__init__(ctx, *args)
-        self._resources = ctx._resources  # one generation count for recorded calls (trident.kernels.prepared)
+        self._resources = ctx._resources  # one generation count for recorded calls (trident.calls)
+        self.call_cache = CallCache(ctx._resources)
 
     def resource(self, key: str, factory):
         """The node's state under ``key``, kept among the world's resources."""

@@ -1,0 +1,270 @@
+"""The collectives inside a node, declared for the call pipeline (:mod:`trident.calls.pipeline`).
+
+Each collective is an :class:`~trident.calls.Op`: a check, the facts ranks agree on in the debug
+mode, and a ``run`` that stages plain inputs through the workspace where needed and launches one
+kernel through the call's recording. The public entries (:mod:`trident.ccl.api`) add the
+across-nodes versions. Operands are given in a fixed order (outputs first, except all_reduce's
+``(inp, out)``), which is the order of the cache key and of the recording's bound tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from ..calls import Op
+from ..errors import NotSymmetricError
+from . import kernels
+from .checks import (
+    ALGORITHMS,
+    acc_dtype,
+    check_equal_chunks,
+    check_rows,
+    check_separate,
+    check_src,
+    check_tensors,
+    check_world_multiple,
+    op_name,
+)
+from .kernels import MAX_PROGRAMS
+from .workspace import workspace
+
+#: The workspace buffer that stages inputs not on the heap. A caller that fills
+#: ``input_stage(ctx, numel, dtype)`` itself and passes it as the input saves a heap buffer and a copy.
+INPUT_STAGE = "input"
+#: all_reduce "auto" uses one_shot up to this many bytes, two_shot above (see docs/collectives.md).
+ONE_SHOT_MAX_BYTES = 256 * 1024
+
+
+def input_stage(ctx, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """The heap buffer the collectives stage a plain input in (``numel`` elements, flat; collective:
+    every rank asks for the same size). Writing an input straight into it, then passing it to a
+    collective, saves the staging copy and a second heap buffer of that size.
+
+    Example::
+
+        partial = trident.ccl.collectives.input_stage(ctx, M * N, torch.bfloat16).view(M, N)
+        torch.matmul(A, B, out=partial)
+        trident.ccl.reduce_scatter(ctx, out, partial)
+    """
+    return workspace(ctx).buffer(INPUT_STAGE, numel, dtype)
+
+
+def _launch(team, rec, kernel, work_items: int | None, *args, **constexprs) -> None:
+    """Launch ``kernel`` with enough programs for the work, up to the limit, through ``rec``.
+
+    ``work_items`` must be the same on every rank: program ``pid`` meets program ``pid`` of the
+    other ranks. None launches the limit (for work whose size differs between ranks).
+    """
+    block = constexprs["BLOCK"]
+    limit = min(team.platform.program_limit, MAX_PROGRAMS)
+    programs = limit if work_items is None else max(1, min(triton.cdiv(max(work_items, 1), block), limit))
+    rec.launch(kernel, (programs,), (*args, workspace(team).sync, team.rank, team.world_size, team.heap_bases),
+               {**constexprs, "WORLD_BLOCK": triton.next_power_of_2(team.world_size)},
+               num_warps=4 if block <= 2048 else 8)
+
+
+def _block(team, numel: int) -> int:
+    """Elements per tile: larger tiles for large tensors on a GPU; the simulator keeps one size."""
+    if team.platform.simulator:
+        return 1024
+    return 1024 if numel <= 64 * 1024 else 4096
+
+
+def _on_heap(team, rec, t: torch.Tensor, copy_in: bool) -> torch.Tensor:
+    """``t`` itself when it lies on the heap, else the staging buffer (holding t's data when ``copy_in``).
+
+    Ranks may decide differently (and pass heap tensors at different offsets): the kernels
+    exchange where each rank's tensor lies. The staging buffer is allocated on every rank all the
+    same, so that allocations stay in step."""
+    stage = input_stage(team, t.numel(), t.dtype).view(t.shape)
+    if team.is_symmetric(t):
+        return t
+    if copy_in:
+        rec.copy(stage, t)
+    return stage
+
+
+# -- all_gather ----------------------------------------------------------------------------------
+
+def _check_all_gather(team, tensors, options) -> None:
+    out, inp = tensors
+    check_tensors(team, "all_gather", out=out, inp=inp)
+    check_world_multiple(team, "all_gather", out, inp, "out", "inp")
+
+
+def _run_all_gather(team, rec, tensors, options) -> None:
+    out, inp = tensors
+    source = _on_heap(team, rec, inp, copy_in=False)  # staged inside the kernel
+    _launch(team, rec, kernels.all_gather_kernel, inp.numel(), inp, source, out, inp.numel(),
+            STAGE=source is not inp, BLOCK=_block(team, inp.numel()))
+
+
+ALL_GATHER = Op("all_gather", _check_all_gather, _run_all_gather,
+                facts=lambda tensors, options: (tuple(tensors[1].shape), tensors[1].dtype))
+
+
+# -- reduce_scatter ------------------------------------------------------------------------------
+
+def _check_reduce_scatter(team, tensors, options) -> None:
+    out, inp = tensors
+    check_tensors(team, "reduce_scatter", out=out, inp=inp)
+    op_name(team, options[0])
+    acc_dtype(team, inp.dtype, "reduce_scatter")
+    check_world_multiple(team, "reduce_scatter", inp, out, "inp", "out")
+
+
+def _run_reduce_scatter(team, rec, tensors, options) -> None:
+    out, inp = tensors
+    source = _on_heap(team, rec, inp, copy_in=True)
+    _launch(team, rec, kernels.reduce_scatter_kernel, out.numel(), source, out, out.numel(),
+            OP=op_name(team, options[0]), ACC=acc_dtype(team, inp.dtype, "reduce_scatter"),
+            BLOCK=_block(team, out.numel()))
+
+
+REDUCE_SCATTER = Op("reduce_scatter", _check_reduce_scatter, _run_reduce_scatter,
+                    facts=lambda tensors, options: (tuple(tensors[1].shape), tensors[1].dtype, str(options[0])))
+
+
+# -- all_reduce ----------------------------------------------------------------------------------
+
+def _check_all_reduce(team, tensors, options) -> None:
+    inp, out = tensors
+    check_tensors(team, "all_reduce", tensor=inp, out=out)
+    if out.shape != inp.shape:
+        raise ValueError(f"rank {team.rank}: all_reduce: out {tuple(out.shape)} must have the input's shape "
+                         f"{tuple(inp.shape)}")
+    if out is not inp and out.data_ptr() != inp.data_ptr():
+        check_separate(team, "all_reduce", out, inp)
+    op_name(team, options[0])
+    acc_dtype(team, inp.dtype, "all_reduce")
+    if options[1] not in ALGORITHMS:
+        raise ValueError(f"rank {team.rank}: all_reduce: algorithm={options[1]!r} is not one of {ALGORITHMS}")
+
+
+def algorithm_for(nbytes: int, algorithm: str) -> str:
+    """The all_reduce kernel ``algorithm`` runs for ``nbytes`` ("auto": one_shot up to
+    :data:`ONE_SHOT_MAX_BYTES`, two_shot above)."""
+    if algorithm != "auto":
+        return algorithm
+    return "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES else "two_shot"
+
+
+def _run_all_reduce(team, rec, tensors, options) -> None:
+    inp, out = tensors
+    n = inp.numel()
+    x = _on_heap(team, rec, inp, copy_in=False)  # staged inside the kernel
+    scratch = workspace(team).buffer("scratch", n, inp.dtype)
+    meta = {"OP": op_name(team, options[0]), "ACC": acc_dtype(team, inp.dtype, "all_reduce"),
+            "STAGE": x is not inp, "BLOCK": _block(team, n)}
+    if algorithm_for(n * inp.element_size(), options[1]) == "one_shot":
+        _launch(team, rec, kernels.all_reduce_one_shot_kernel, n, inp, x, scratch, out, n, **meta)
+    else:
+        chunk = triton.cdiv(n, team.world_size)
+        _launch(team, rec, kernels.all_reduce_two_shot_kernel, chunk, inp, x, scratch, out, n, chunk, **meta)
+
+
+ALL_REDUCE = Op("all_reduce", _check_all_reduce, _run_all_reduce,
+                facts=lambda tensors, options: (tuple(tensors[0].shape), tensors[0].dtype, str(options[0]),
+                                                algorithm_for(tensors[0].numel() * tensors[0].element_size(),
+                                                              options[1])))
+
+
+# -- all_to_all ----------------------------------------------------------------------------------
+
+def _check_all_to_all(team, tensors, options) -> None:
+    out, inp = tensors
+    check_tensors(team, "all_to_all", out=out, inp=inp)
+    check_equal_chunks(team, "all_to_all", out, inp)
+
+
+def _run_all_to_all(team, rec, tensors, options) -> None:
+    out, inp = tensors
+    rows, inner = inp.shape[0] // team.world_size, math.prod(inp.shape[1:])
+    source = _on_heap(team, rec, inp, copy_in=True)  # equal sizes everywhere: collective
+    # Equal splits: the offsets follow from the row count, so no split table is built or read.
+    _launch(team, rec, kernels.all_to_all_kernel, rows * inner, source, out, workspace(team).table, inner, rows,
+            EQUAL=True, BLOCK=_block(team, out.numel()))
+
+
+ALL_TO_ALL = Op("all_to_all", _check_all_to_all, _run_all_to_all,
+                facts=lambda tensors, options: (tuple(tensors[1].shape), tensors[1].dtype))
+
+
+# -- broadcast -----------------------------------------------------------------------------------
+
+def _check_broadcast(team, tensors, options) -> None:
+    check_tensors(team, "broadcast", tensor=tensors[0])
+    check_src(team, "broadcast", options[0])
+
+
+def _run_broadcast(team, rec, tensors, options) -> None:
+    (tensor,), (src,) = tensors, options
+    x = _on_heap(team, rec, tensor, copy_in=team.rank == src)
+    _launch(team, rec, kernels.broadcast_kernel, tensor.numel(), x, tensor.numel(), src,
+            BLOCK=_block(team, tensor.numel()))
+    if x is not tensor:
+        rec.copy(tensor, x)
+
+
+BROADCAST = Op("broadcast", _check_broadcast, _run_broadcast,
+               facts=lambda tensors, options: (tuple(tensors[0].shape), tensors[0].dtype, options[0]))
+
+
+# -- all_to_all_v: split sizes differ from call to call, so nothing is kept ----------------------
+
+def _split_table(team, in_splits, out_splits, rows_in: int, rows_out: int) -> torch.Tensor:
+    """Fill this rank's split table: rows sent to each rank, where they start, where received rows go.
+
+    Splits given on the host (lists, CPU tensors) are checked here; splits already on the GPU are
+    not, since checking them would make the host wait for the device (and break graph capture).
+    """
+    table = workspace(team).table
+    w = team.world_size
+    sizes = []
+    for name, splits, rows in (("in_splits", in_splits, rows_in), ("out_splits", out_splits, rows_out)):
+        on_device = isinstance(splits, torch.Tensor) and not splits.is_cpu  # where the caller keeps them
+        s = splits if on_device else torch.as_tensor(splits)
+        if s.dtype.is_floating_point or s.dtype.is_complex or s.dtype == torch.bool:
+            raise TypeError(f"rank {team.rank}: all_to_all_v: {name} must hold integer row counts, got {s.dtype}"
+                            + ("" if on_device else f" {s.tolist()}"))
+        if s.numel() != w:
+            raise ValueError(f"rank {team.rank}: all_to_all_v: {name} has {s.numel()} entries, expected "
+                             f"world_size = {w}")
+        if not on_device and (int(s.sum()) != rows or bool((s < 0).any())):
+            raise ValueError(f"rank {team.rank}: all_to_all_v: {name} {s.tolist()} must be non-negative and sum "
+                             f"to the {rows} rows along dim 0")
+        sizes.append(s.reshape(-1).to(device=team.device, dtype=torch.int64))
+    table[:w] = sizes[0]
+    table[w:2 * w] = torch.cumsum(sizes[0], 0) - sizes[0]
+    table[2 * w:] = torch.cumsum(sizes[1], 0) - sizes[1]
+    return table
+
+
+def _check_all_to_all_v(team, tensors, options) -> None:
+    out, inp = tensors
+    check_tensors(team, "all_to_all_v", out=out, inp=inp)
+    check_separate(team, "all_to_all_v", out, inp)
+    if not team.spans_nodes and not team.is_symmetric(inp):  # across nodes it is staged
+        raise NotSymmetricError(
+            f"rank {team.rank}: all_to_all_v: inp must lie on the heap (its size differs between ranks, so it "
+            f"cannot be staged): allocate a buffer of the largest size with ctx.empty and pass a slice of it")
+    check_rows(team, "all_to_all_v", out, inp)
+
+
+def _run_all_to_all_v(team, rec, tensors, options) -> None:
+    out, inp = tensors
+    table = _split_table(team, options[1], options[0], inp.shape[0], out.shape[0])
+    # Row counts differ between ranks: launch the limit (program pid must meet pid everywhere).
+    _launch(team, rec, kernels.all_to_all_kernel, None, inp, out, table, math.prod(inp.shape[1:]), 0,
+            EQUAL=False, BLOCK=_block(team, out.numel()))
+
+
+ALL_TO_ALL_V = Op("all_to_all_v", _check_all_to_all_v, _run_all_to_all_v,
+                  facts=lambda tensors, options: (tuple(tensors[1].shape[1:]), tensors[1].dtype),
+                  cacheable=lambda options: False)
+
+#: Every collective, by name: what the public API, ``torch.ops.trident`` and the dist backend run.
+COLLECTIVES = {op.name: op for op in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL, BROADCAST, ALL_TO_ALL_V)}
