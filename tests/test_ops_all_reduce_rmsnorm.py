@@ -12,8 +12,7 @@ from tests.conftest import get_pool
 from trident import ccl
 from trident.ccl.api import INPUT_STAGE
 from trident.ccl.workspace import workspace
-from trident.kernels.prepared import PlanCache
-from trident.ops.all_reduce_rmsnorm import RESOURCE_KEY, all_reduce_rmsnorm
+from trident.ops.all_reduce_rmsnorm import all_reduce_rmsnorm
 from trident.testing import refusals
 
 FLOATS = [torch.bfloat16, torch.float16, torch.float32]
@@ -178,7 +177,7 @@ def _cached_body(ctx):
     a residual, fp8 with a tensor scale whose value changes): right results, one cache entry made by the
     first call and used by the next two, fresh outputs every call (earlier results stay as they were)."""
     me, w, problems = ctx.rank, ctx.world_size, []
-    cache = ctx.resource(RESOURCE_KEY, PlanCache)
+    cache = ctx.call_cache
     shape, dtype = (5, 72), torch.bfloat16
     weight = _weight(shape[1], torch.float32).to(ctx.device)
     for heap in (True, False):
@@ -196,7 +195,7 @@ def _cached_body(ctx):
                 was = None if residual is None else residual.clone()
                 problems += _check_results(ctx, f"{what} call {salt}", out, h, shape, dtype, was, weight, salt)
                 kept.append((out, h, was, salt))
-                entries.append(list(cache._plans.values()))
+                entries.append(list(cache._entries.values()))
             if len(entries[0]) != 1 or any(e != entries[0] or e[0] is not entries[0][0] for e in entries):
                 problems.append(f"{what}: cache entries after each call {entries}, expected the first call's only")
             for out, h, was, salt in kept:  # fresh tensors: later calls wrote none of them
@@ -285,7 +284,7 @@ def _moved_body(ctx):
     if not torch.all(user == 7.0):
         problems.append(f"rank {me}/{w}: a call after the stage grew wrote into the freed stage")
     pin_after_stage()
-    ctx.resource(RESOURCE_KEY, PlanCache).clear()  # what follows tests the scope alone: call 6 makes the entry
+    ctx.call_cache.clear()  # what follows tests the scope alone: call 6 makes the entry
     with ctx.heap_scope():
         problems += call(5, "larger x in a heap_scope", *bigger())
         problems += call(6, "in the heap_scope")  # an entry on the scope's stage
@@ -309,7 +308,7 @@ def _debug_body(ctx):
     problems = []
     for salt in range(2):
         problems += _check_call(ctx, f"debug call {salt}", x, (3, 40), torch.float16, None, weight)
-    return problems, len(ctx.resource(RESOURCE_KEY, PlanCache))
+    return problems, len(ctx.call_cache)
 
 
 def test_the_debug_mode_keeps_no_entry(debug_pool):

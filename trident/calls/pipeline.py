@@ -87,12 +87,13 @@ def run_call(team, op: Op, tensors: tuple, options: tuple = ()):
                 entry.replay(tensors)
                 return None
     _check(team, op, tensors, options)
-    rec = Recording(tensors, team.heap_range, on_gpu=not team.platform.simulator)
+    rec = Recording(tensors, team.heap_range, on_gpu=not team.platform.simulator,
+                    generation=lambda: cache.generation)
     rec.own(team.heap_bases)  # the team's, alive as long as it is
-    generation = cache.generation
     op.run(team, rec, tensors, options)
-    if key is not None and rec.kept:  # kept only if no buffer it launched on moved during the run
-        cache.put(key, rec, generation)
+    # Kept only if every step launched on the buffers as they are now (none moved after a step).
+    if key is not None and rec.kept and rec.generations <= {cache.generation}:
+        cache.put(key, rec)
     return None
 
 

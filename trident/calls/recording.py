@@ -126,6 +126,8 @@ class Recording:
         heap: ``(lo, hi)`` addresses of this rank's heap: memory there stays put while the cache's
             generation does (the team's ``heap_range``).
         on_gpu: whether steps go through compiled launchers (False: the simulator's interpreter).
+        generation: the current generation of the buffers the steps launch on (the cache's), read
+            at every step: a recording whose steps span a buffer's move is never replayed.
 
     Attributes:
         rerun: set by :meth:`rerun_with`: the call is not replayed step by step but by this function
@@ -133,7 +135,7 @@ class Recording:
         kept: False after :meth:`discard`: nothing of this call is kept.
     """
 
-    def __init__(self, tensors: tuple, heap: tuple[int, int], on_gpu: bool):
+    def __init__(self, tensors: tuple, heap: tuple[int, int], on_gpu: bool, generation=lambda: 0):
         self._spans = [None if t is None else (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
                        for t in tensors]
         self._heap, self.on_gpu = heap, on_gpu
@@ -141,6 +143,8 @@ class Recording:
         self.owned: list[torch.Tensor] = []
         self.rerun = None
         self.kept = True
+        self._generation = generation
+        self.generations: set[int] = set()  # of the buffers each step was recorded on
 
     # -- what a call does through its recording -----------------------------------------------------
     def launch(self, kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, **options) -> None:
@@ -163,6 +167,7 @@ class Recording:
                 geometry = (base.shape, base.stride(), base.dtype)
                 refs.append((pos, slot, offset, geometry, arg if base is not arg else None))
                 values.append(None)
+        self.generations.add(self._generation())
         if launcher is None:
             self.steps.append(_Interpret(kernel, grid, values, refs, constexprs, options))
         else:
@@ -180,6 +185,7 @@ class Recording:
         for t in (dst, src):
             slot, offset = self._classify(t, "a copy")
             ends.append((slot, offset) if slot is not None else (None, t.data_ptr() if self.on_gpu else t))
+        self.generations.add(self._generation())
         self.steps.append(_Copy(tuple(ends), src.numel() * src.element_size(), self.on_gpu,
                                 (dst.shape, dst.stride(), dst.dtype)))
         return dst
@@ -189,6 +195,7 @@ class Recording:
         ``now`` is False) and in every replay, e.g. ``rec.every_replay(counts.zero_)``."""
         if now:
             step()
+        self.generations.add(self._generation())
         self.steps.append(lambda ptrs, tensors: step())
 
     def own(self, *tensors: torch.Tensor) -> None:

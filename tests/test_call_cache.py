@@ -1,0 +1,414 @@
+"""The one small-call cache (trident.calls): a call with an earlier call's layout replays its recording.
+
+Pinned here, for the collectives and the fused ops: a replay gives the same results as a full call
+(new data, heap and plain tensors, every collective, every replayable pattern); new tensors every
+call (fresh outputs, as a compiled model makes) still hit one entry; another layout, aliasing or
+option makes its own entry; a bad call after good ones still raises; a buffer that grows (or a
+heap_scope that ends) drops every entry recorded on it; the debug mode keeps nothing; a recording
+holds no caller's tensor and memory stays flat; an op that launches on a tensor the recording
+cannot bind fails at once.
+"""
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from tests.conftest import get_pool
+from trident import ccl, ops, platform
+from trident.calls import Recording, UnreplayableCall
+
+
+def _filled(ctx, t, value):
+    t.copy_(torch.full(t.shape, float(value), dtype=t.dtype))
+    return t
+
+
+def _repeat_every_collective(ctx, plain):
+    """Each collective three times on the same buffers with new data each time; returns what went wrong."""
+    w, r = ctx.world_size, ctx.rank
+    make = (lambda *shape: torch.zeros(*shape, device=ctx.device)) if plain else (lambda *shape: ctx.zeros(*shape))
+    x, gathered, part, inp, out = make(300), make(w * 40), make(40), make(w * 8), make(w * 8)
+    wrong = []
+    for step in range(3):
+        _filled(ctx, x, r + step)
+        ccl.all_reduce(ctx, x)
+        if not torch.all(x == sum(range(w)) + w * step):
+            wrong.append(f"all_reduce step {step}: {x[:3].tolist()}")
+        ccl.all_gather(ctx, gathered, _filled(ctx, part, 10 * r + step))
+        expect = torch.cat([torch.full((40,), 10.0 * p + step) for p in range(w)])
+        if not torch.equal(gathered.cpu(), expect):
+            wrong.append(f"all_gather step {step}")
+        inp.copy_(torch.arange(w * 8, dtype=inp.dtype) + 100 * r + step)
+        ccl.all_to_all(ctx, out, inp)
+        expect = torch.cat([torch.arange(r * 8, r * 8 + 8, dtype=inp.dtype) + 100 * p + step for p in range(w)])
+        if not torch.equal(out.cpu(), expect):
+            wrong.append(f"all_to_all step {step}: {out.tolist()}")
+        ccl.reduce_scatter(ctx, part, _filled(ctx, gathered, r + step))
+        if not torch.all(part == sum(range(w)) + w * step):
+            wrong.append(f"reduce_scatter step {step}")
+        ccl.broadcast(ctx, _filled(ctx, x, r + step), src=w - 1)
+        if not torch.all(x == w - 1 + step):
+            wrong.append(f"broadcast step {step}")
+    return wrong, len(ctx.call_cache)
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["heap", "plain"])
+def test_repeated_calls_replay_their_plan_with_new_data(pool, plain):
+    for wrong, plans in pool.run(_repeat_every_collective, plain):
+        assert not wrong, wrong
+        assert plans == 5  # one plan per collective: the second and third calls replayed it
+
+
+def _other_memory_and_options(ctx):
+    x = ctx.zeros(64)
+    y = ctx.zeros(64)
+    ccl.all_reduce(ctx, _filled(ctx, x, 1))
+    ccl.all_reduce(ctx, _filled(ctx, y, 2))                     # other memory, one layout: the same entry
+    ccl.all_reduce(ctx, _filled(ctx, x, 3), op="max")           # other option: its own plan
+    results = [x.cpu().clone(), y.cpu().clone()]
+    plans = len(ctx.call_cache)
+    try:
+        ccl.all_reduce(ctx, x, op="prod")                       # a bad option after good calls still raises
+        raised = ""
+    except ValueError as exc:
+        raised = str(exc)
+    return results, plans, raised
+
+
+def test_a_plan_is_only_replayed_for_its_own_memory_and_options(pool2):
+    for (x, y), plans, raised in pool2.run(_other_memory_and_options):
+        assert torch.all(x == 3) and torch.all(y == 4)
+        assert plans == 2
+        assert "not supported" in raised
+
+
+def _growth_drops_plans(ctx):
+    small = torch.zeros(16, device=ctx.device)
+    ccl.all_reduce(ctx, _filled(ctx, small, 1))                 # plain: staged through the input buffer
+    before = len(ctx.call_cache)
+    big = torch.zeros(1 << 16, device=ctx.device)
+    ccl.all_reduce(ctx, _filled(ctx, big, 1))                   # the input buffer grows: plans dropped
+    after = len(ctx.call_cache)
+    ccl.all_reduce(ctx, _filled(ctx, small, 2))                 # recorded afresh on the new buffer
+    return before, after, small.cpu().clone(), big[:4].cpu().clone()
+
+
+def test_a_growing_buffer_drops_every_plan(pool2):
+    for before, after, small, big in pool2.run(_growth_drops_plans):
+        assert before == 1 and after == 1  # the big call's plan only
+        assert torch.all(small == 4) and torch.all(big == 2)
+
+
+def _grown_inside_a_heap_scope(ctx):
+    n = 1 << 14
+    x = torch.ones(8, device=ctx.device)
+    ccl.all_reduce(ctx, x)                                      # the workspace, made outside any scope
+    with ctx.heap_scope():
+        ccl.all_reduce(ctx, torch.ones(n, device=ctx.device))   # its input buffer grows inside the scope
+    ccl.all_reduce(ctx, _filled(ctx, x, 1))                     # a replay must not use the freed buffer
+    user = ctx.full((n,), 7.0)                                  # memory the scope gave back, reused
+    big = torch.ones(n, device=ctx.device)
+    ccl.all_reduce(ctx, big)                                    # stages its input: not into `user`
+    return float(user.min()), float(user.max()), float(big.min()), float(x.min())
+
+
+def test_a_buffer_that_grew_inside_a_heap_scope_is_let_go_with_the_scope(pool2):
+    """The scope frees what was allocated inside it, also a buffer of an older resource that grew
+    there: the buffer lets go of that memory (and its plans), so nothing writes to it afterwards."""
+    for user_min, user_max, big, x in pool2.run(_grown_inside_a_heap_scope):
+        assert (user_min, user_max) == (7.0, 7.0), "the collectives' buffer overwrote a user tensor"
+        assert big == 2.0 and x == 2.0
+
+
+def _debug_records_nothing(ctx):
+    x = ctx.zeros(32)
+    for step in range(2):
+        ccl.all_reduce(ctx, _filled(ctx, x, step))
+    return len(ctx.call_cache), x.cpu().clone()
+
+
+def test_the_debug_mode_records_no_plan():
+    for plans, x in get_pool(2, TRIDENT_DEBUG="1").run(_debug_records_nothing):
+        assert plans == 0 and torch.all(x == 2)
+
+
+def _growth_in_capture(ctx):
+    import trident.runtime.resources as resources
+
+    x = torch.zeros(16, device=ctx.device)
+    ccl.all_reduce(ctx, _filled(ctx, x, 1))            # the buffers for 16 elements exist now
+    real = resources._capturing
+    resources._capturing = lambda _ctx: True           # as if the stream were being captured
+    try:
+        ccl.all_reduce(ctx, _filled(ctx, x, 2))        # same sizes: no growth, fine while capturing
+        try:
+            ccl.all_reduce(ctx, torch.zeros(1 << 16, device=ctx.device))
+            refused = ""
+        except Exception as exc:  # noqa: BLE001  (the type is checked below)
+            refused = f"{type(exc).__name__}: {exc}"
+    finally:
+        resources._capturing = real
+    return float(x[0]), refused
+
+
+def test_a_buffer_never_grows_inside_cuda_graph_capture(pool2):
+    """Growing would free memory that captured work uses: the call is refused with what to do."""
+    for value, refused in pool2.run(_growth_in_capture):
+        assert value == 4
+        assert refused.startswith("TridentError") and "once before capturing" in refused
+
+
+# -- the fused ops -----------------------------------------------------------------------------------------
+
+
+def _repeat(ctx):
+    w, r = ctx.world_size, ctx.rank
+    dtype = torch.float32
+    A, B_local, C = torch.zeros(32, 16, device=ctx.device), torch.zeros(16, 8, device=ctx.device), ctx.zeros(32, 8 * w)
+    wrong = []
+    for step in range(3):
+        A.copy_(torch.full((32, 16), float(step + 1)))
+        B_local.copy_(torch.full((16, 8), float(r + 1)))
+        ops.gemm_all_scatter(ctx, A, B_local, C, pattern="fused_sequential")
+        expect = torch.cat([torch.full((32, 8), 16.0 * (step + 1) * (p + 1), dtype=dtype) for p in range(w)], dim=1)
+        if not torch.equal(C.cpu(), expect):
+            wrong.append(f"step {step}")
+    entries = len(ctx.call_cache)
+    A2 = torch.ones(32, 16, device=ctx.device)
+    ops.gemm_all_scatter(ctx, A2, B_local, C, pattern="producer_consumer")  # other memory: a second entry
+    entries2 = len(ctx.call_cache)
+    try:
+        ops.gemm_all_scatter(ctx, A, B_local, C, pattern="no_such_pattern")
+        raised = ""
+    except ValueError as exc:
+        raised = str(exc)
+    probe = weakref.ref(A2)  # producer_consumer is not replayable: its entry holds decisions only
+    del A2
+    gc.collect()
+    return wrong, entries, entries2, raised, probe() is None
+
+
+def test_repeated_fused_calls_reuse_their_decisions_and_keep_no_tensor(pool2):
+    for wrong, entries, entries2, raised, freed in pool2.run(_repeat):
+        assert not wrong, wrong
+        assert entries == 1 and entries2 == 2
+        assert "no_such_pattern" in raised
+        assert freed  # the cache holds decisions, never the operands
+
+
+def _debug(ctx):
+    A, B_local, C = torch.ones(16, 16, device=ctx.device), torch.ones(16, 8, device=ctx.device), ctx.zeros(16, 16)
+    for _ in range(2):
+        ops.gemm_all_scatter(ctx, A, B_local, C, pattern="fused_sequential")
+    return len(ctx.call_cache), C.cpu().clone()  # a copy: the heap stays in the rank
+
+
+def test_the_debug_mode_keeps_no_decision():
+    for entries, C in get_pool(2, TRIDENT_DEBUG="1").run(_debug):
+        assert entries == 0 and torch.all(C == 16)
+
+
+#: (op, pattern) pairs whose repeated calls replay the first call's launches.
+REPLAYED = [(op, pattern) for op in ("gemm_all_scatter", "all_gather_gemm", "gemm_reduce_scatter", "gemm_all_reduce")
+            for pattern in sorted(ops.OPS[op].replayable)]
+
+
+def _data(p, step, *shape):
+    """Rank ``p``'s data at ``step``: small integers, exact in fp32 and TF32 (every rank can make any rank's)."""
+    gen = torch.Generator().manual_seed(1000 * step + p)
+    return torch.randint(-2, 3, shape, generator=gen).float()
+
+
+def _operands(ctx, op, heap):
+    """The op's operands on this rank: fixed buffers the calls refill (A on the heap or not)."""
+    w, dev = ctx.world_size, ctx.device
+    make = ctx.zeros if heap else (lambda *shape: torch.zeros(*shape, device=dev))
+    if op == "gemm_all_scatter":
+        return make(32, 16), torch.zeros(16, 8, device=dev), ctx.zeros(32, 8 * w)
+    if op == "all_gather_gemm":
+        return make(16, 16), torch.zeros(16, 8, device=dev), torch.zeros(16 * w, 8, device=dev)
+    rows = 32 // w if op == "gemm_reduce_scatter" else 32
+    return make(32, 16), torch.zeros(16, 8, device=dev), torch.zeros(rows, 8, device=dev)
+
+
+def _expected(ctx, op, step, shapes):
+    """What C holds after a call at ``step``, from every rank's data."""
+    w, r = ctx.world_size, ctx.rank
+    (a_shape, b_shape) = shapes
+    A = [_data(p, step, *a_shape) for p in range(w)]
+    B = [_data(p + 100, step, *b_shape) for p in range(w)]
+    if op == "gemm_all_scatter":
+        return A[0] @ torch.cat(B, dim=1)
+    if op == "all_gather_gemm":
+        return torch.cat(A) @ B[r]
+    total = sum(a @ b for a, b in zip(A, B))
+    return total.view(w, -1, total.shape[1])[r] if op == "gemm_reduce_scatter" else total
+
+
+def _call(ctx, op, pattern, A, B, C, step):
+    A.copy_(_data(0 if op == "gemm_all_scatter" else ctx.rank, step, *A.shape))  # gemm_all_scatter: one A
+    B.copy_(_data(ctx.rank + 100, step, *B.shape))
+    getattr(ops, op)(ctx, A, B, C, pattern=pattern)
+    return C.cpu().clone()
+
+
+def _replays(ctx, op, pattern, heap):
+    A, B, C = _operands(ctx, op, heap)
+    wrong, recorded = [], []
+    cache = ctx.call_cache
+    for step in range(3):
+        got = _call(ctx, op, pattern, A, B, C, step)
+        if not torch.equal(got, _expected(ctx, op, step, (A.shape, B.shape))):
+            wrong.append(f"step {step}")
+        recorded.append(all(entry.rerun is None for entry in cache._entries.values()))
+    return wrong, recorded, len(cache)
+
+
+@pytest.mark.parametrize("heap", [True, False], ids=["heap_A", "plain_A"])
+@pytest.mark.parametrize("op,pattern", REPLAYED, ids=[f"{o}-{p}" for o, p in REPLAYED])
+def test_repeated_calls_replay_the_recorded_launches_with_new_data(pool2, op, pattern, heap):
+    for wrong, recorded, entries in pool2.run(_replays, op, pattern, heap):
+        assert not wrong, wrong
+        assert recorded == [True, True, True] and entries == 1
+
+
+def _moved_buffers(ctx):
+    op, pattern = "gemm_all_scatter", "workgroup_specialized"
+    A, B, C = _operands(ctx, op, heap=False)
+    cache = ctx.call_cache
+    wrong = []
+    _call(ctx, op, pattern, A, B, C, 0)                                    # recorded
+    big = (torch.zeros(384, 16, device=ctx.device), torch.zeros(16, 512, device=ctx.device),
+           ctx.zeros(384, 512 * ctx.world_size))
+    _call(ctx, op, pattern, *big, 1)                                       # 192 tile flags: the sync block grows
+    user = ctx.full((64,), 7.0)                                            # where the old block was
+    for step in (2, 3):                                                    # recorded afresh on the new block
+        if not torch.equal(_call(ctx, op, pattern, A, B, C, step), _expected(ctx, op, step, (A.shape, B.shape))):
+            wrong.append(f"after growth, step {step}")
+    if not torch.all(user == 7.0):
+        wrong.append("a replay wrote into the freed sync block")
+    fresh = len(cache) == 2  # the big call and the small one again, both on the new block
+    with ctx.heap_scope():                                                 # the sync block grows inside a scope
+        _call(ctx, op, pattern, torch.zeros(544, 16, device=ctx.device), torch.zeros(16, 512, device=ctx.device),
+              ctx.zeros(544, 512 * ctx.world_size), 4)                     # 272 flags
+    user = ctx.full((1024,), 7.0)                                          # where the scope's block was
+    for step in (5, 6):                                                    # ... and is let go at its end
+        if not torch.equal(_call(ctx, op, pattern, A, B, C, step), _expected(ctx, op, step, (A.shape, B.shape))):
+            wrong.append(f"after the scope, step {step}")
+    if not torch.all(user == 7.0):
+        wrong.append("a replay wrote into the block the scope freed")
+    return wrong, fresh
+
+
+def test_a_recording_is_not_replayed_once_its_buffers_moved(pool2):
+    for wrong, fresh in pool2.run(_moved_buffers):
+        assert not wrong, wrong
+        assert fresh
+
+
+def _holds_nothing(ctx):
+    A, B, C = _operands(ctx, "gemm_all_scatter", heap=False)
+    for step in range(2):
+        _call(ctx, "gemm_all_scatter", "fused_sequential", A, B, C, step)
+    probe = weakref.ref(A)
+    del A
+    gc.collect()
+    return probe() is None
+
+
+def test_a_recorded_call_holds_no_tensor(pool2):
+    assert all(pool2.run(_holds_nothing))
+
+# -- layouts, not addresses ---------------------------------------------------------------------------------
+
+def _fresh_tensors(ctx):
+    """New input and output tensors every call (as a compiled model makes them): one entry, right results."""
+    w, r, wrong = ctx.world_size, ctx.rank, []
+    for step in range(4):
+        x = torch.full((300,), float(r + step), device=ctx.device)
+        out = torch.empty_like(x)
+        ccl.all_reduce(ctx, x, out=out)
+        if not (torch.all(out == sum(range(w)) + w * step) and torch.all(x == r + step)):
+            wrong.append(f"all_reduce out= step {step}: {out[:3].tolist()} (x {x[:3].tolist()})")
+        y = torch.ops.trident.all_reduce(torch.full((300,), float(r + step), device=ctx.device), "sum",
+                                         ctx.group_name)
+        if not torch.all(y == sum(range(w)) + w * step):
+            wrong.append(f"torch.ops.trident.all_reduce step {step}: {y[:3].tolist()}")
+    entries = len(ctx.call_cache)
+    x = torch.ones(300, device=ctx.device)
+    ccl.all_reduce(ctx, x)  # in place: another aliasing, another entry
+    return wrong, entries, len(ctx.call_cache), float(x[0])
+
+
+def test_fresh_tensors_every_call_hit_one_entry(pool2):
+    for wrong, entries, after, x in pool2.run(_fresh_tensors):
+        assert not wrong, wrong
+        assert entries == 1  # the custom op and out= share one layout: (plain x, plain separate out)
+        assert after == 2 and x == 2.0
+
+
+def _flat_memory(ctx):
+    """A loop reducing a fresh plain tensor keeps no tensor alive (the cache binds addresses per call)."""
+    import gc
+    import weakref
+
+    probes = []
+    for _ in range(5):
+        x = torch.ones(1 << 12, device=ctx.device)
+        ccl.all_reduce(ctx, x)
+        probes.append(weakref.ref(x))
+        del x
+    gc.collect()
+    return sum(p() is not None for p in probes), len(ctx.call_cache)
+
+
+def test_a_loop_on_fresh_tensors_keeps_none_alive(pool2):
+    for alive, entries in pool2.run(_flat_memory):
+        assert alive == 0 and entries == 1
+
+
+def test_a_launch_on_an_unbindable_tensor_fails_at_once():
+    """The rule of the recordings: a tensor a launch takes is an operand, heap memory or owned scratch."""
+    x, temp = torch.zeros(4), torch.zeros(4)
+    rec = Recording((x,), heap=(0, 0), on_gpu=False)
+    with pytest.raises(UnreplayableCall, match="stale address"):
+        rec.copy(temp, x)
+    rec.own(temp)
+    rec.copy(temp, x)  # owned scratch is fine
+    x.fill_(3)
+    y = torch.full((4,), 5.0)
+    rec.replay((y,))  # the copy again, from the new operand
+    assert torch.all(temp == 5)
+
+
+def _launches_match_recording(ctx, op, pattern):
+    """The first call of a replayable pattern (buffers already grown) launches exactly what it recorded."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    A, B, C = _operands(ctx, op, heap=False)
+    _call(ctx, op, pattern, A, B, C, 0)  # buffers and sync blocks grow here (their barriers launch kernels)
+    ctx.call_cache.clear()
+    launched, real = [], InterpretedFunction.run
+
+    def counting(self, *args, **kwargs):
+        launched.append(self.fn.__name__)
+        return real(self, *args, **kwargs)
+
+    InterpretedFunction.run = counting
+    try:
+        _call(ctx, op, pattern, A, B, C, 1)
+    finally:
+        InterpretedFunction.run = real
+    (entry,) = ctx.call_cache._entries.values()
+    recorded = [step.kernel.fn.__name__ for step in entry.steps if hasattr(step, "kernel")]
+    return launched, recorded, entry.rerun is None
+
+
+@pytest.mark.skipif(not platform.SIMULATOR, reason="counts the interpreter's launches")
+@pytest.mark.parametrize("op,pattern", REPLAYED, ids=[f"{o}-{p}" for o, p in REPLAYED])
+def test_replayable_patterns_launch_only_through_the_recording(pool2, op, pattern):
+    """A kernel launched around the recording would be skipped by every replay: none may be."""
+    for launched, recorded, replayed in pool2.run(_launches_match_recording, op, pattern):
+        assert replayed and launched and launched == recorded, (launched, recorded)
