@@ -18,7 +18,7 @@ from ..errors import (
     RankTimeoutError,
 )
 from ..faults import fault_error
-from . import groups
+from . import groups, pickling
 from .allocator import SymmetricAllocator
 from .control import ControlBlock
 from .heap import SymmetricHeapMixin
@@ -235,14 +235,16 @@ class Context(SymmetricHeapMixin):
     def all_gather_object(self, what: str, value) -> list:
         """Every rank's picklable ``value``, in rank order (collective, host-side, through the store).
 
-        ``what`` names the step in a timeout message. For small metadata, not for tensors' data.
+        ``what`` names the step in a timeout message. For small metadata, not for tensors' data: a
+        tensor in ``value`` travels as a CPU copy of its own elements (a heap tensor sends its own
+        bytes, never the heap) and arrives as a plain CPU tensor.
 
         Example::
 
             shapes = ctx.all_gather_object("shapes", tuple(x.shape))
         """
         self._check_open()
-        return [pickle.loads(v) for v in self._rendezvous.all_gather(what, pickle.dumps(value))]
+        return [pickle.loads(v) for v in self._rendezvous.all_gather(what, pickling.dumps(value))]
 
     def agree_in_debug(self, what: str, *facts) -> None:
         """Debug mode (``TRIDENT_DEBUG=1``): raise :class:`DivergenceError` on every rank unless every
