@@ -21,7 +21,7 @@ def _compact(t: torch.Tensor) -> torch.Tensor:
 
 
 def _owns_its_storage(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and t.is_contiguous() and t.storage_offset() == 0 \
+    return t.is_cpu and t.is_contiguous() and t.storage_offset() == 0 \
         and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
