@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import pickle
 import secrets
+import warnings
 import weakref
 
 import torch
@@ -180,11 +181,16 @@ class Context(SymmetricHeapMixin):
 
         Tensors made on the heap keep their memory alive until they are dropped, but peers no
         longer see them: use heap tensors only while the context is open.
+        Always releases; heaps out of step (a caught :class:`DivergenceError`) only warn: close and
+        ``trident.init`` again to get back into step.
         """
         if self._closed:
             return
         try:
-            self.barrier()  # no peer may still be reading or writing my heap
+            try:
+                self.barrier()  # no peer may still be reading or writing my heap
+            except DivergenceError as exc:  # every rank got here, so nobody touches a heap any more
+                warnings.warn(f"{exc} (closing anyway)", RuntimeWarning, stacklevel=2)
             self._rendezvous.farewell()
         finally:
             self._release()
@@ -235,9 +241,8 @@ class Context(SymmetricHeapMixin):
     def all_gather_object(self, what: str, value) -> list:
         """Every rank's picklable ``value``, in rank order (collective, host-side, through the store).
 
-        ``what`` names the step in a timeout message. For small metadata, not for tensors' data: a
-        tensor in ``value`` travels as a CPU copy of its own elements (a heap tensor sends its own
-        bytes, never the heap) and arrives as a plain CPU tensor.
+        ``what`` names the step in a timeout message. For small metadata: a tensor travels as a CPU
+        copy of its own elements (a heap tensor's own bytes, never the heap).
 
         Example::
 
