@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 
+from ..errors import BackendUnavailableError
 from ..platform import gpus_visible
 from .launch import describe_exit, rank_environment
 from .mps import MpsDaemon
@@ -220,7 +221,11 @@ def run(nprocs: int, command: list[str], grace: float = DEFAULT_GRACE, env: dict
     daemon = MpsDaemon(ranks_per_gpu(nprocs)) if mps else None
     try:
         if daemon is not None:
-            env.update(daemon.start())
+            try:
+                env.update(daemon.start())
+            except BackendUnavailableError as exc:  # nothing started yet: one line says it all
+                _say(str(exc))
+                return 1
             _say(f"MPS daemon started: each rank may use {daemon.share}% of its GPU's SMs")
         job.start(nprocs, command, env)
         return _watch(job, grace, received)
