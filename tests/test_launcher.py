@@ -421,3 +421,29 @@ def test_store_listens_on_master_addr_or_trident_store_host(monkeypatch):
     monkeypatch.setenv(rendezvous.STORE_HOST_VARIABLE, "192.0.2.77")  # TEST-NET: no interface of this machine
     with pytest.raises(OSError, match="rank 0: the rendezvous store cannot listen on 192.0.2.77:.*TRIDENT_STORE_HOST"):
         rendezvous.listen_socket("127.0.0.1", port, 0)
+
+
+def test_run_when_rank_0_dies_the_others_print_only_the_error(tmp_path):
+    """Rank 0 hosts the store: when it died, the others printed hundreds of lines of the store's C++
+    stack traces around the one good RankTimeoutError."""
+    script = _script(tmp_path, "rank0_dies.py", """\
+        import os, time
+        import trident
+        ctx = trident.init(heap_size=1 << 20, timeout=20)
+        if ctx.rank == 0:
+            time.sleep(0.5)
+            os._exit(3)
+        ctx.barrier()
+        time.sleep(1)
+        ctx.barrier()
+    """)
+    proc = subprocess.run([sys.executable, "-m", "trident", "run", "-n", "3", "--grace", "5", script], cwd=REPO,
+                          env={k: v for k, v in script_env().items() if k != "TORCH_CPP_LOG_LEVEL"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    for rank in (1, 2):
+        assert f"[rank{rank}]: trident.errors.RankTimeoutError: rank {rank}: barrier cannot complete: a rank is " \
+               f"gone (rank 0: process" in proc.stderr, proc.stderr[-3000:]
+    assert not [line for line in lines if "frame #" in line or "TCPStore.cpp" in line], proc.stderr[-3000:]
+    assert len(lines) <= 35, proc.stderr  # the launcher's line and each survivor's traceback

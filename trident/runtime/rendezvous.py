@@ -227,27 +227,33 @@ class Rendezvous:
         """
         deadline = time.monotonic() + self.timeout
         pause = 0.0005
+        failure = None
         while True:
             try:
-                if self.store.check(keys):
+                # Once the store has failed, ask it no more: each failed call logs a C++ stack trace.
+                if failure is None and self.store.check(keys):
                     return
-                failure = None
             except Exception as exc:  # the store's host (rank 0) may be gone: the watchdog will say
                 failure = exc
+            # Raised "from None": torch's store error carries a C++ stack trace of dozens of lines per
+            # rank, which buried this message; its first line is kept in it instead.
+            store = "" if failure is None else f"; the store said: {str(failure).splitlines()[0]}"
             gone = self.peers_gone()
             if gone:
                 listing = "; ".join(f"rank {r}: {why}" for r, why in sorted(gone.items()))
                 raise RankTimeoutError(f"rank {self.rank}: {what} cannot complete: a rank is gone ({listing})"
-                                       ) from failure
+                                       f"{store}") from None
             if time.monotonic() > deadline:
                 try:
+                    if failure is not None:
+                        raise failure
                     missing = [r for r, key in enumerate(keys) if not self.store.check([key])]
                 except Exception:
                     missing = "unknown (the store, hosted by rank 0, does not answer)"
                 raise RankTimeoutError(
                     f"rank {self.rank}: {what} timed out after {self.timeout:g} s waiting for ranks {missing} "
-                    f"(they never arrived: did they hang in a kernel, or take a different code path?)"
-                ) from failure
+                    f"(they never arrived: did they hang in a kernel, or take a different code path?){store}"
+                ) from None
             time.sleep(pause)
             pause = min(pause * 2, 0.02)
 
