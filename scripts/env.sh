@@ -21,3 +21,13 @@ else
     PY="$VENV/bin/python"
 fi
 export PYTHONUNBUFFERED=1
+
+# How to run `trident ...` by hand in this shell afterwards (the scripts' own shell ends with them).
+how_to_enter() {
+    if [ -n "${VENV:-}" ]; then
+        echo "trident's commands (trident run, trident bench, ...) are in $VENV: enter it with" >&2
+        echo "    source ${VENV#"$PWD"/}/bin/activate" >&2
+    else
+        echo "run trident's commands as: PYTHONPATH=$ROOT $PY -m trident run -n 4 ring.py" >&2
+    fi
+}

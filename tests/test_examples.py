@@ -65,3 +65,18 @@ def test_example_uses_only_public_api(name):
     # Examples run from any directory, so they import nothing from examples/ itself.
     helpers = {p.stem for p in (REPO / "examples").glob("*.py")} & imported
     assert not helpers, f"examples/{name} imports {sorted(helpers)}: each example stands alone"
+
+
+def test_readme_first_kernel_runs_as_written_and_says_ok(tmp_path):
+    """The README's first kernel, copied as a user would, on four ranks as the README runs it: it used
+    to print nothing when it succeeded."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## A first kernel", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    ring = tmp_path / "ring.py"
+    ring.write_text(code)
+    proc = subprocess.run([sys.executable, "-m", "trident", "run", "-n", "4", str(ring)], cwd=tmp_path,
+                          env=script_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert sorted(proc.stdout.splitlines()) == [f"rank {r}: ok, got {float((r - 1) % 4)} from rank {(r - 1) % 4}"
+                                                for r in range(4)], proc.stdout

@@ -226,6 +226,26 @@ def test_broadcast(pool):
                 assert error.startswith(f"ValueError: src={src} is not a rank of this job (world size {ws})"), error
 
 
+def _gather_heap_tensor_body(ctx):
+    one = ctx.full((1,), float(ctx.rank))
+    sent = []
+    gather = ctx._rendezvous.all_gather
+    ctx._rendezvous.all_gather = lambda what, value: (sent.append(len(value)), gather(what, value))[1]
+    try:
+        got = ctx.all_gather_object("heap tensor", {"t": one, "view": one[:1]})
+    finally:
+        del ctx._rendezvous.all_gather
+    ctx.free(one)
+    return sent, [(g["t"].tolist(), g["view"].tolist(), ctx.is_symmetric(g["t"])) for g in got]
+
+
+def test_all_gather_object_sends_a_heap_tensor_s_own_bytes_not_the_heap(pool2):
+    """It used to pickle the whole heap (67 MB for a 64 MiB heap) for a one-element heap tensor."""
+    for sent, got in pool2.run(_gather_heap_tensor_body):
+        assert sent[0] < 2000, sent
+        assert got == [([0.0], [0.0], False), ([1.0], [1.0], False)]
+
+
 def _broadcast_mismatch(rank):
     ctx = trident.init(heap_size=1 << 22, timeout=3.0)
     out = {"rank": rank, "ctx": (ctx.rank, ctx.world_size)}

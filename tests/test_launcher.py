@@ -1,5 +1,5 @@
 """The launchers: ``trident run`` (failures, signals, output, arguments), ``trident bench suite``,
-``trident info`` and :func:`trident.spawn`'s errors.
+``trident info``, :func:`trident.spawn`'s errors and results, and where the rendezvous store listens.
 
 The ranks here are tiny scripts written to ``tmp_path`` that never import torch or trident (the
 launcher runs any command), so each test takes a second or two. ``cli.run`` runs in this process
@@ -9,6 +9,7 @@ where it can; the tests that signal or close the launcher's stdout start it as `
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -16,10 +17,12 @@ import threading
 import time
 
 import pytest
+import torch
 
 import trident
 from tests.conftest import script_env
 from trident import cli
+from trident.runtime import rendezvous
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -342,3 +345,105 @@ def test_spawn_says_why_a_result_is_missing(fn, message):
     with pytest.raises(trident.SpawnError) as info:
         trident.spawn(fn, 2, timeout=90)  # only bounds a regression: the error comes as soon as the rank is done
     assert str(info.value).startswith(message), str(info.value)
+
+
+def _returns_tensors(rank):
+    big = torch.arange(1000.0)
+    with trident.init(heap_size=1 << 22) as ctx:
+        on_heap = ctx.full((3,), float(rank))
+        view = ctx.arange(8)[2:4]
+    # returned after close(): the heap tensors come back as CPU copies of their own elements
+    return {"full": torch.full((3,), 1.0), "clone": torch.ones(2).cpu().clone(), "view": big[5:7],
+            "heap": on_heap, "heap view": view}
+
+
+def test_spawn_returns_tensors_by_value():
+    """Each rank's tensors come back (they used to die with the rank's shared memory: FileNotFoundError)."""
+    results = trident.spawn(_returns_tensors, 2, timeout=120)
+    for rank, got in enumerate(results):
+        assert {k: v.tolist() for k, v in got.items()} == {
+            "full": [1.0] * 3, "clone": [1.0] * 2, "view": [5.0, 6.0], "heap": [float(rank)] * 3, "heap view": [2, 3]}
+        for t in got.values():  # own elements only: no heap, no larger storage behind them
+            assert t.device.type == "cpu" and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+# ---- the rendezvous store: reachable only where the ranks reach it ------------------------------------
+
+def _listening_addresses(port):
+    """Local addresses of the sockets listening on TCP ``port`` (from /proc/net/tcp and tcp6)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    raw = bytes.fromhex(address)
+                    # the kernel prints each 32-bit word in host (little-endian) order
+                    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                    found.append(socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, words))
+    return found
+
+
+def _store_addresses(rank):
+    with trident.init(heap_size=1 << 20) as ctx:
+        return _listening_addresses(int(os.environ["MASTER_PORT"])) if ctx.rank == 0 else None
+
+
+def test_spawn_store_listens_on_loopback_only():
+    """The store carries the heap's handles: it used to listen on every interface (``*:PORT``)."""
+    assert trident.spawn(_store_addresses, 2, timeout=120)[0] == ["127.0.0.1"]
+
+
+def test_trident_run_store_listens_on_loopback_only(tmp_path):
+    script = _script(tmp_path, "store.py", """\
+        import os
+        import trident
+        from tests.test_launcher import _listening_addresses
+        with trident.init(heap_size=1 << 20) as ctx:
+            if ctx.rank == 0:
+                print("listening", _listening_addresses(int(os.environ["MASTER_PORT"])), flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-m", "trident", "run", "-n", "2", script], cwd=REPO, env=script_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "listening ['127.0.0.1']" in proc.stdout, proc.stdout
+
+
+def test_store_listens_on_master_addr_or_trident_store_host(monkeypatch):
+    monkeypatch.delenv(rendezvous.STORE_HOST_VARIABLE, raising=False)
+    port = rendezvous.free_port()
+    with rendezvous.listen_socket("127.0.0.2", port, 0) as sock:  # any MASTER_ADDR: its own interface only
+        assert sock.getsockname() == ("127.0.0.2", port)
+    monkeypatch.setenv(rendezvous.STORE_HOST_VARIABLE, "0.0.0.0")  # every interface, asked for explicitly
+    with rendezvous.listen_socket("127.0.0.1", port, 0) as sock:
+        assert sock.getsockname() == ("0.0.0.0", port)
+    monkeypatch.setenv(rendezvous.STORE_HOST_VARIABLE, "192.0.2.77")  # TEST-NET: no interface of this machine
+    with pytest.raises(OSError, match="rank 0: the rendezvous store cannot listen on 192.0.2.77:.*TRIDENT_STORE_HOST"):
+        rendezvous.listen_socket("127.0.0.1", port, 0)
+
+
+def test_run_when_rank_0_dies_the_others_print_only_the_error(tmp_path):
+    """Rank 0 hosts the store: when it died, the others printed hundreds of lines of the store's C++
+    stack traces around the one good RankTimeoutError."""
+    script = _script(tmp_path, "rank0_dies.py", """\
+        import os, time
+        import trident
+        ctx = trident.init(heap_size=1 << 20, timeout=20)
+        if ctx.rank == 0:
+            time.sleep(0.5)
+            os._exit(3)
+        ctx.barrier()
+        time.sleep(1)
+        ctx.barrier()
+    """)
+    proc = subprocess.run([sys.executable, "-m", "trident", "run", "-n", "3", "--grace", "5", script], cwd=REPO,
+                          env={k: v for k, v in script_env().items() if k != "TORCH_CPP_LOG_LEVEL"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    for rank in (1, 2):
+        assert f"[rank{rank}]: trident.errors.RankTimeoutError: rank {rank}: barrier cannot complete: a rank is " \
+               f"gone (rank 0: process" in proc.stderr, proc.stderr[-3000:]
+    assert not [line for line in lines if "frame #" in line or "TCPStore.cpp" in line], proc.stderr[-3000:]
+    assert len(lines) <= 35, proc.stderr  # the launcher's line and each survivor's traceback

@@ -77,6 +77,19 @@ def test_mps_refuses_clearly_when_the_daemon_cannot_start(tmp_path, fake_control
         mps.MpsDaemon(2, control=None).start()
 
 
+def test_run_with_mps_but_no_mps_says_so_in_one_line(tmp_path):
+    """It used to print an 18-line traceback."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    env = {**os.environ, "PATH": str(tmp_path / "nowhere")}  # no nvidia-cuda-mps-control
+    proc = subprocess.run([sys.executable, "-m", "trident", "run", "-n", "2", "--mps", str(script), str(tmp_path), "0"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [f"trident run: --mps needs {mps.CONTROL} (NVIDIA's MPS, part of the driver's "
+                                        f"utilities); it is not on PATH (run without --mps, or put it on PATH)"]
+    assert not (tmp_path / "rank0").exists()  # no rank started
+
+
 def test_sm_share():
     assert [mps.sm_share(n) for n in (1, 2, 3, 4, 8)] == [100, 50, 33, 25, 12]
     with pytest.raises(ValueError):

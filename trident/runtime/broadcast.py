@@ -13,6 +13,7 @@ import pickle
 import torch
 
 from ..errors import DivergenceError
+from . import pickling
 
 
 def _describe(value, pickled: bytes | None, error: str | None, is_src: bool, ctx) -> tuple:
@@ -28,7 +29,7 @@ def broadcast(ctx, value, src: int):
     pickled = error = None
     if ctx.rank == src and not isinstance(value, torch.Tensor):
         try:
-            pickled = pickle.dumps(value)
+            pickled = pickling.dumps(value)
         except Exception as exc:  # every rank learns it in the same exchange
             error = f"{type(exc).__name__}: {exc}"
     everyone = ctx.all_gather_object("broadcast", _describe(value, pickled, error, ctx.rank == src, ctx))

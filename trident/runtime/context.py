@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import pickle
 import secrets
+import warnings
 import weakref
 
 import torch
@@ -19,7 +20,7 @@ from ..errors import (
     RankTimeoutError,
 )
 from ..faults import fault_error
-from . import groups
+from . import groups, pickling
 from .allocator import SymmetricAllocator
 from .control import ControlBlock
 from .heap import SymmetricHeapMixin
@@ -183,11 +184,16 @@ class Context(SymmetricHeapMixin):
 
         Tensors made on the heap keep their memory alive until they are dropped, but peers no
         longer see them: use heap tensors only while the context is open.
+        Always releases; heaps out of step (a caught :class:`DivergenceError`) only warn: close and
+        ``trident.init`` again to get back into step.
         """
         if self._closed:
             return
         try:
-            self.barrier()  # no peer may still be reading or writing my heap
+            try:
+                self.barrier()  # no peer may still be reading or writing my heap
+            except DivergenceError as exc:  # every rank got here, so nobody touches a heap any more
+                warnings.warn(f"{exc} (closing anyway)", RuntimeWarning, stacklevel=2)
             self._rendezvous.farewell()
         finally:
             self._release()
@@ -238,14 +244,15 @@ class Context(SymmetricHeapMixin):
     def all_gather_object(self, what: str, value) -> list:
         """Every rank's picklable ``value``, in rank order (collective, host-side, through the store).
 
-        ``what`` names the step in a timeout message. For small metadata, not for tensors' data.
+        ``what`` names the step in a timeout message. For small metadata: a tensor travels as a CPU
+        copy of its own elements (a heap tensor's own bytes, never the heap).
 
         Example::
 
             shapes = ctx.all_gather_object("shapes", tuple(x.shape))
         """
         self._check_open()
-        return [pickle.loads(v) for v in self._rendezvous.all_gather(what, pickle.dumps(value))]
+        return [pickle.loads(v) for v in self._rendezvous.all_gather(what, pickling.dumps(value))]
 
     def agree_in_debug(self, what: str, *facts) -> None:
         """Debug mode (``TRIDENT_DEBUG=1``): raise :class:`DivergenceError` on every rank unless every

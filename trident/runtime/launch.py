@@ -14,9 +14,9 @@ import queue
 import signal
 import time
 import traceback
-from multiprocessing.reduction import ForkingPickler
 
 from ..errors import TridentError
+from . import pickling
 from .rendezvous import free_port
 
 
@@ -56,13 +56,15 @@ def _child(rank: int, world_size: int, port: int, payload: bytes, results) -> No
         results.put((rank, False, f"rank {rank} raised:\n{traceback.format_exc()}"))
         raise SystemExit(1) from None
     try:
-        # Pickled here (as the queue would), not by the queue: the queue pickles in a background
-        # thread, where a failure is printed and the result dropped, and the parent waits forever.
-        data = bytes(ForkingPickler.dumps(value))
+        # Pickled here, not by the queue: the queue pickles in a background thread, where a failure
+        # is printed and the result dropped, and the parent waits forever. Not torch's multiprocessing
+        # pickler either: it sends a tensor as a handle to this process's shared memory, gone once this
+        # rank exits; pickling.dumps sends every tensor by value, as a CPU copy of its own elements.
+        data = pickling.dumps(value)
     except Exception as exc:
         results.put((rank, False, f"rank {rank} returned an object that cannot be pickled: "
                                   f"{type(value).__name__} ({type(exc).__name__}: {exc}); return plain "
-                                  f"data (e.g. tensor.cpu().clone(), not a heap tensor or the context)"))
+                                  f"data (tensors, numbers, lists, dicts; not the context)"))
         raise SystemExit(1) from None
     results.put((rank, True, data))
 
@@ -72,7 +74,7 @@ def _take(outputs: dict, rank: int, ok: bool, value) -> None:
     if not ok:
         raise SpawnError(value)
     try:
-        outputs[rank] = ForkingPickler.loads(value)
+        outputs[rank] = pickle.loads(value)
     except Exception as exc:
         raise SpawnError(f"rank {rank} returned an object that cannot be unpickled here: "
                          f"{type(exc).__name__}: {exc}") from None
@@ -107,11 +109,13 @@ def spawn(fn, world_size: int, args: tuple = (), *, timeout: float | None = None
         timeout: seconds before the remaining ranks are killed (None: no limit).
 
     Returns:
-        ``[fn's return value on rank 0, on rank 1, ...]``.
+        ``[fn's return value on rank 0, on rank 1, ...]``. Tensors in them come back by value as CPU
+        tensors holding only their own elements: a GPU tensor or a heap tensor arrives as a CPU copy
+        (so returning a heap tensor is safe even after ``ctx.close()``).
 
     Raises:
         SpawnError: a rank raised, died, exited without returning (``os._exit``), returned
-            something that cannot be pickled (a heap tensor, the context: return plain data), or
+            something that cannot be pickled (the context, a lock: return plain data), or
             ``timeout`` passed; the message names the rank and what happened, and the other ranks
             are stopped.
 

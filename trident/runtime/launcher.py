@@ -16,8 +16,10 @@ and then, until every rank has exited:
 * **output**: each rank's stdout is forwarded a whole line at a time (ranks never split each
   other's lines; a last line without a newline gets one); stderr is shared as is. Ranks run with
   ``PYTHONUNBUFFERED=1`` unless the environment sets it, so lines appear as they are printed and
-  survive a hard death. If our stdout is closed (``trident run ... | head``), the ranks' output is
-  read and dropped, so they never block on a full pipe, and the launcher exits quietly.
+  survive a hard death, and with ``TORCH_CPP_LOG_LEVEL=ERROR`` unless it is set (torch's C++
+  warnings, such as a stack trace for every store call once rank 0 is gone, drown the real error).
+  If our stdout is closed (``trident run ... | head``), the ranks' output is read and dropped, so
+  they never block on a full pipe, and the launcher exits quietly.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import sys
 import threading
 import time
 
+from ..errors import BackendUnavailableError
 from ..platform import gpus_visible
 from .launch import describe_exit, rank_environment
 from .mps import MpsDaemon
@@ -206,6 +209,9 @@ def run(nprocs: int, command: list[str], grace: float = DEFAULT_GRACE, env: dict
         raise ValueError(f"nprocs must be at least 1, got {nprocs}")
     env = {**os.environ, **(env or {})}
     env.setdefault("PYTHONUNBUFFERED", "1")  # lines appear as printed, and survive a hard death
+    # torch's C++ warnings (each store call that fails once rank 0, its host, is gone logs a stack
+    # trace) buried the one error that says which rank went; errors are still logged.
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     received: list[int] = []
     previous = {}
     if threading.current_thread() is threading.main_thread():  # only there can Python handle signals
@@ -220,7 +226,11 @@ def run(nprocs: int, command: list[str], grace: float = DEFAULT_GRACE, env: dict
     daemon = MpsDaemon(ranks_per_gpu(nprocs)) if mps else None
     try:
         if daemon is not None:
-            env.update(daemon.start())
+            try:
+                env.update(daemon.start())
+            except BackendUnavailableError as exc:  # nothing started yet: one line says it all
+                _say(str(exc))
+                return 1
             _say(f"MPS daemon started: each rank may use {daemon.share}% of its GPU's SMs")
         job.start(nprocs, command, env)
         return _watch(job, grace, received)

@@ -71,7 +71,7 @@ class MpsDaemon:
         """Start the daemon; return the ranks' environment. Raises with what is missing when it cannot."""
         if self.control is None:
             raise BackendUnavailableError(f"--mps needs {CONTROL} (NVIDIA's MPS, part of the driver's utilities); "
-                                          f"it is not on PATH")
+                                          f"it is not on PATH (run without --mps, or put it on PATH)")
         self.folder = tempfile.mkdtemp(prefix="trident-mps-")
         for sub in ("pipe", "log"):
             os.makedirs(os.path.join(self.folder, sub))

@@ -39,6 +39,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+STORE_HOST_VARIABLE = "TRIDENT_STORE_HOST"
+
+
+def store_listen_address(master_addr: str) -> str:
+    """The address rank 0's store listens on: ``TRIDENT_STORE_HOST`` if set, else ``master_addr``.
+
+    torch's TCPStore would listen on every interface; the store carries the heap's handles, so it
+    listens only where the ranks reach it: on loopback when ``MASTER_ADDR`` is a loopback address (as
+    ``trident run`` and :func:`~trident.spawn` set it), else on ``MASTER_ADDR``'s interface.
+    ``TRIDENT_STORE_HOST=0.0.0.0`` listens on every interface (as torch would).
+    """
+    return os.environ.get(STORE_HOST_VARIABLE) or master_addr
+
+
+def listen_socket(master_addr: str, port: int, rank: int) -> socket.socket:
+    """A listening TCP socket for rank 0's store on :func:`store_listen_address` and ``port``."""
+    address = store_listen_address(master_addr)
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ValueError(f"rank {rank}: cannot resolve the rendezvous store's address {address!r} "
+                         f"(MASTER_ADDR or {STORE_HOST_VARIABLE}): {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's own server does
+        sock.bind(sockaddr[:2] if family == socket.AF_INET else sockaddr)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"rank {rank}: the rendezvous store cannot listen on {address}:{port} "
+                                 f"({exc.strerror}); rank 0 hosts it, so MASTER_ADDR must be one of rank 0's "
+                                 f"addresses, or set {STORE_HOST_VARIABLE} to the address to listen on") from None
+    return sock
+
+
 def join_process_group(backend: str, timeout: float) -> tuple[dist.Store, int, int, int]:
     """Join the default torch.distributed group, creating it from the environment if needed.
 
@@ -62,11 +97,17 @@ def join_process_group(backend: str, timeout: float) -> tuple[dist.Store, int, i
         raise ValueError(f"RANK={rank} and WORLD_SIZE={world} are inconsistent: need 0 <= RANK < WORLD_SIZE")
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = _env_int("MASTER_PORT", free_port() if world == 1 else None)
+    # Under torchrun its agent hosts the store (TORCHELASTIC_USE_AGENT_STORE): every rank is a client.
+    hosts = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true"
+    listen_fd = listen_socket(host, port, rank).detach() if hosts else None  # the store owns it from here
     start = time.monotonic()
     try:
-        store = dist.TCPStore(host, port, world_size=None, is_master=rank == 0,
-                              timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
+        store = dist.TCPStore(host, port, world_size=None, is_master=hosts,
+                              timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False,
+                              master_listen_fd=listen_fd)
     except (RuntimeError, OSError) as exc:
+        if listen_fd is not None:
+            os.close(listen_fd)
         raise RankTimeoutError(
             f"rank {rank}: could not reach the rendezvous store at {host}:{port} (gave up after "
             f"{time.monotonic() - start:.3g} s; timeout {timeout:g} s); "
@@ -186,27 +227,33 @@ class Rendezvous:
         """
         deadline = time.monotonic() + self.timeout
         pause = 0.0005
+        failure = None
         while True:
             try:
-                if self.store.check(keys):
+                # Once the store has failed, ask it no more: each failed call logs a C++ stack trace.
+                if failure is None and self.store.check(keys):
                     return
-                failure = None
             except Exception as exc:  # the store's host (rank 0) may be gone: the watchdog will say
                 failure = exc
+            # Raised "from None": torch's store error carries a C++ stack trace of dozens of lines per
+            # rank, which buried this message; its first line is kept in it instead.
+            store = "" if failure is None else f"; the store said: {str(failure).splitlines()[0]}"
             gone = self.peers_gone()
             if gone:
                 listing = "; ".join(f"rank {r}: {why}" for r, why in sorted(gone.items()))
                 raise RankTimeoutError(f"rank {self.rank}: {what} cannot complete: a rank is gone ({listing})"
-                                       ) from failure
+                                       f"{store}") from None
             if time.monotonic() > deadline:
                 try:
+                    if failure is not None:
+                        raise failure
                     missing = [r for r, key in enumerate(keys) if not self.store.check([key])]
                 except Exception:
                     missing = "unknown (the store, hosted by rank 0, does not answer)"
                 raise RankTimeoutError(
                     f"rank {self.rank}: {what} timed out after {self.timeout:g} s waiting for ranks {missing} "
-                    f"(they never arrived: did they hang in a kernel, or take a different code path?)"
-                ) from failure
+                    f"(they never arrived: did they hang in a kernel, or take a different code path?){store}"
+                ) from None
             time.sleep(pause)
             pause = min(pause * 2, 0.02)
 
