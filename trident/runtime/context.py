@@ -124,13 +124,10 @@ class Context(SymmetricHeapMixin):
         job_id = rendezvous.broadcast("init", secrets.token_hex(6).encode(), src=0).decode()
         self.group_name = groups.register(self, f"trident-{job_id}")  # for torch.ops.trident.*
         if backend == "cuda":
-            from ..backends.cuda import CudaBackend
-
-            self._backend = CudaBackend(self.rank, local_rank)
+            from ..backends.cuda import CudaBackend as Backend
         else:
-            from ..backends.sim import SimBackend
-
-            self._backend = SimBackend(self.rank, job_id)
+            from ..backends.sim import SimBackend as Backend
+        self._backend = Backend(self.rank, local_rank if backend == "cuda" else job_id)
         self.device = self._backend.device
         self.platform = _platform.for_device(self.device, self.world_size)
         self._resources = Resources()
