@@ -9,7 +9,6 @@ the slots reserved for torch groups included).
 import contextlib
 import pathlib
 
-import pytest
 import torch
 import torch.distributed as dist
 
@@ -258,11 +257,20 @@ def test_a_trident_group_works_right_after_init():
         assert count == 4 and heap_size - offset < heap_size // 8  # the top 1/16 of the heap, and a little
 
 
-@pytest.mark.parametrize("name", ["trident"])
-def test_import_registers_the_backend(name):
-    import trident  # noqa: F401
+def test_import_registers_nothing_and_init_registers_both():
+    """``import trident`` registers nothing with torch; ``trident.init`` (here: the two functions it
+    calls) registers the custom ops and the torch.distributed backend."""
+    import subprocess
+    import sys
 
-    assert name in dist.Backend.backend_list and name.upper() in dist.Backend._plugins
+    code = ("import torch, torch.distributed as dist, trident\n"
+            "seen = lambda: ('TRIDENT' in dist.Backend._plugins, hasattr(torch.ops.trident, 'all_reduce'))\n"
+            "print(*seen())\n"
+            "trident.torch_ops.register(); trident.dist_backend.register(); trident.torch_ops.register()\n"
+            "print(*seen())\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "False", "True", "True"], run.stdout
 
 
 def _bench_body(ctx, out):

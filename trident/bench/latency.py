@@ -116,7 +116,7 @@ def _host_cases(ctx, small_only: bool):
                lambda: dist.reduce_scatter_tensor(part, exchanged, group=group))]
     shapes = [("small", 64, 64, 64)] + ([] if small_only else [("4096", 4096, 4096, 4096)])
     dtype = torch.float32 if ctx.platform.simulator else torch.bfloat16
-    keep = [x, big, group]
+    keep = [x, big]
     for label, M, N, K in shapes:
         A, B = torch.randn(M, K, device=dev, dtype=dtype), torch.randn(K, N, device=dev, dtype=dtype)
         C = ctx.empty(M, N * w, dtype=dtype)
@@ -193,7 +193,7 @@ def run(ctx, args) -> dict:
     record = harness.new_record(ctx, "latency", {k: v for k, v in vars(args).items() if k != "no_progress"})
     record["mps"] = {"active": "CUDA_MPS_PIPE_DIRECTORY" in os.environ,
                      "sm_share_percent": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}
-    cases, keep = _host_cases(ctx, small_only=args.small_only or ctx.platform.simulator)
+    cases, keep = _host_cases(ctx, small_only=args.small_only or ctx.platform.simulator)  # keep: heap tensors
     for name, group, fn in harness.progress(cases, ctx, args, "host time"):
         ctx.barrier()
         t = harness.measure(ctx.platform.timing_device, fn, args.warmup, args.repeats)

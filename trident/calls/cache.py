@@ -38,6 +38,13 @@ def layout_key(name: str, tensors: tuple, options: tuple, heap: tuple[int, int] 
 
         key = layout_key("all_reduce", (x, out), ("sum", "auto"), (heap_lo, heap_hi))
     """
+    try:
+        return _key(name, tensors, options, heap)
+    except (AttributeError, TypeError, RuntimeError, NotImplementedError):
+        return None  # not a tensor, a tensor without storage (meta), an unhashable option: the full path
+
+
+def _key(name: str, tensors: tuple, options: tuple, heap: tuple[int, int] | None):
     parts = [name, options]
     spans = []
     lo, hi = heap if heap is not None else (0, 0)
@@ -56,10 +63,7 @@ def layout_key(name: str, tensors: tuple, options: tuple, heap: tuple[int, int] 
         spans.append((ptr, end))
         parts.append((t.shape, t.stride(), t.dtype, not ptr & 15, lo <= ptr < hi, overlap))
     key = tuple(parts)
-    try:
-        hash(key)
-    except TypeError:
-        return None
+    hash(key)
     return key
 
 

@@ -53,6 +53,13 @@ def _view(base: torch.Tensor, offset: int, shape, stride, dtype) -> torch.Tensor
     return torch.empty(0, dtype=dtype, device=base.device).set_(storage, start // dtype.itemsize, shape, stride)
 
 
+def _without_base(descriptor: TensorDescriptor) -> TensorDescriptor:
+    """A descriptor's layout without its base tensor (a recording holds no caller's tensor)."""
+    descriptor = shallow_copy(descriptor)
+    descriptor.base = None
+    return descriptor
+
+
 class _Launch:
     """A compiled kernel's launcher with its arguments; ``refs`` say which to bind per replay:
     ``(position, operand, byte offset, descriptor or None)``."""
@@ -165,7 +172,7 @@ class Recording:
                 values.append(None)
             else:  # the simulator: a view of the new operand (in the descriptor, if it is one)
                 geometry = (base.shape, base.stride(), base.dtype)
-                refs.append((pos, slot, offset, geometry, arg if base is not arg else None))
+                refs.append((pos, slot, offset, geometry, _without_base(arg) if base is not arg else None))
                 values.append(None)
         self.generations.add(self._generation())
         if launcher is None:

@@ -38,6 +38,7 @@ from ..ccl.api import input_stage
 from ..ccl.kernels import MAX_PROGRAMS
 from ..ccl.workspace import workspace
 from ..runtime.groups import team
+from . import multinode
 from .all_reduce_rmsnorm_kernels import all_reduce_rmsnorm_kernel, num_warps
 from .fused_call import check_tensor
 
@@ -154,7 +155,7 @@ def _run(team, rec, tensors, options) -> None:
 
 #: The op as the call pipeline runs it (it does not run across nodes: run it in a node's group).
 ALL_REDUCE_RMSNORM = Op(
-    "all_reduce_rmsnorm", _check_call, _run,
+    "all_reduce_rmsnorm", _check_call, _run, across_nodes=multinode.refusing("all_reduce_rmsnorm"),
     facts=lambda tensors, options: (tuple(tensors[0].shape), tensors[0].dtype, tensors[2] is None, str(options[2])))
 
 

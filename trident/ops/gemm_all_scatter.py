@@ -26,6 +26,7 @@ import triton
 from ..calls import run_call
 from ..runtime.groups import team
 from . import gemm_all_scatter_kernels as kernels
+from . import multinode
 from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, fused_op, split_roles
 from .matmul import MatmulConfig, launch_matmul, num_programs, operands
 from .torch_baselines import gather_into
@@ -182,9 +183,9 @@ def _shape(team, A, B_local, C):
     return (M, n_local, K), M * C.shape[1] * K, M == 0 or n_local == 0
 
 
-#: The op as the call pipeline runs it (it does not run across nodes).
+#: The op as the call pipeline runs it (it refuses across nodes).
 GEMM_ALL_SCATTER_OP = fused_op(GEMM_ALL_SCATTER, lambda team, *args: _check_gemm_all_scatter_args(team, *args),
-                               _shape)
+                               _shape, across_nodes=multinode.refusing("gemm_all_scatter"))
 
 
 def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tensor, pattern: str = "auto",
