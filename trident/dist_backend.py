@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import sys
 import weakref
 
 import torch
@@ -187,6 +188,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         self.group = group_in_region(arena.ctx, ranks, arena.slot(slot), f"{arena.ctx.group_name}-pg{group_id}")
         self._limit, self._device = arena.group_bytes // 4, arena.ctx.device
         self.counts = {"trident": 0, "fallback": 0}
+        self._spare: _Done | None = None
         # The fallback is the group's torch backend too: torch reads the group's name from it, and
         # ops reaching the group through torch's dispatcher (not overridden here) run on it.
         types = dist.ProcessGroup.BackendType
@@ -220,7 +222,18 @@ class TridentProcessGroup(dist.ProcessGroup):
 
     def _ran(self, result, on: str = "trident"):
         self.counts[on] += 1
-        return _done(result) if on == "trident" else result
+        return self._completed(result) if on == "trident" else result
+
+    def _completed(self, result) -> dist.Work:
+        """A completed Work holding ``result``: the last one again when nothing else holds it (torch
+        dropped it after ``wait()``), since making a Work costs more than a small collective's host
+        time; a new one otherwise (a caller kept the last, e.g. ``async_op=True``)."""
+        work = self._spare
+        if work is None or sys.getrefcount(work) > 2:  # 2: self._spare and getrefcount's argument
+            work = self._spare = _Done(result)
+        else:
+            work._result = result
+        return work
 
     # -- what runs on trident -------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -229,7 +242,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         if op is not None and len(tensors) == 1 and tensors[0].dtype in _REDUCIBLE and self._ours(tensors[0]):
             ccl.all_reduce(self.ctx, tensors[0], op=op, group=self.group)
             self.counts["trident"] += 1
-            return _Done(tensors)
+            return self._completed(tensors)
         return self._fall("allreduce", tensors, opts=opts)
 
     def _allgather_base(self, out, inp, opts=None):

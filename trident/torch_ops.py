@@ -43,6 +43,7 @@ import math
 
 import torch
 
+from . import ccl
 from .runtime.groups import resolve, team
 
 #: Every op's schema (torch's operator language), in the order they are registered.
@@ -113,8 +114,6 @@ def _world(group: str) -> int:
 def all_reduce(t: torch.Tensor, op: str, group: str) -> torch.Tensor:
     """``t`` reduced over the group's ranks with ``op`` ("sum", "max", "min"), as a new tensor (the
     kernel reads ``t`` and writes the result: no staging copy)."""
-    from . import ccl
-
     ctx, g = resolve(group)
     out = torch.empty_like(t, memory_format=torch.contiguous_format)
     return ccl.all_reduce(ctx, t.contiguous(), op=op, group=g, out=out)
@@ -122,8 +121,6 @@ def all_reduce(t: torch.Tensor, op: str, group: str) -> torch.Tensor:
 
 def all_reduce_(t: torch.Tensor, op: str, group: str) -> None:
     """``t`` reduced over the group's ranks in place (``t`` contiguous; on the heap it is not staged)."""
-    from . import ccl
-
     ctx, g = resolve(group)
     ccl.all_reduce(ctx, t, op=op, group=g)
 

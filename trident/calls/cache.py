@@ -54,7 +54,7 @@ def _key(name: str, tensors: tuple, options: tuple, heap: tuple[int, int] | None
             spans.append(None)
             continue
         ptr = t.data_ptr()
-        end = ptr + t.numel() * t.element_size()
+        end = ptr + t.nbytes
         overlap = -1
         for j, span in enumerate(spans):
             if span is not None and (span[0] < end and ptr < span[1] or span[0] == ptr):

@@ -55,7 +55,7 @@ class PreparedLaunch:
         params = kernel.signature.parameters
         self._tail = tuple(by_address(constexprs[name] if name in constexprs else params[name].default)
                            for name in kernel.arg_names[len(args):])
-        self._run, self._again = compiled[(*grid, 1, 1)[:3]], None
+        self._run, self._again = direct_launcher(compiled, (*grid, 1, 1)[:3]), None
 
     @property
     def compiled(self) -> bool:
@@ -83,6 +83,37 @@ class PreparedLaunch:
         values = (*[by_address(a) for a in args], *self._tail)
         run = self._run
         return lambda: run(*values)
+
+
+def direct_launcher(compiled, grid: tuple[int, int, int]):
+    """``compiled[grid]``'s launch without its per-call Python: the compiled kernel's launcher called
+    straight with the function handle, the packed metadata and the current stream of the device the
+    kernel was compiled on (about 5 us less per launch on the H200 host than Triton's runner, which
+    also asks for the current device and builds launch metadata every call). While a Triton launch
+    hook is set (a profiler such as proton) every launch goes through Triton's own runner, so the
+    hooks see it.
+
+    Example::
+
+        again = direct_launcher(kernel[grid](*args), grid)
+        again(*values)
+    """
+    from torch._C import _cuda_getCurrentRawStream as raw_stream
+    from triton import knobs
+
+    runner = compiled[grid]
+    run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+    device = torch.cuda.current_device()
+    hooks = knobs.runtime
+    g0, g1, g2 = grid
+
+    def launch(*args) -> None:
+        if hooks.launch_enter_hook is not None or hooks.launch_exit_hook is not None:
+            runner(*args)
+            return
+        run(g0, g1, g2, raw_stream(device), function, packed, None, None, None, *args)
+
+    return launch
 
 
 def prepare(kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, **options) -> PreparedLaunch:
