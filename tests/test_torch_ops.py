@@ -63,6 +63,12 @@ def _every_op(ctx):
     want_h = sum(every) + residual
     check("all_reduce_rmsnorm h", h, want_h)
     check("all_reduce_rmsnorm out", out, want_h * torch.rsqrt(want_h.pow(2).mean(-1, keepdim=True) + 1e-6) * weight)
+    # Any layout, as every other op: a strided weight and a transposed residual give the same result.
+    strided_w = torch.stack([weight, weight], 1).to(dev)[:, 0]
+    transposed_res = residual.t().contiguous().to(dev).t()
+    out2, h2 = ops.all_reduce_rmsnorm(mine, strided_w, 1e-6, transposed_res, g)
+    check("all_reduce_rmsnorm h, non-contiguous", h2, want_h)
+    check("all_reduce_rmsnorm out, non-contiguous", out2, out.cpu())
     errors["input unchanged"] = (float((mine - before).abs().max()), TOL)
     return errors
 

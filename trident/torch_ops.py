@@ -231,7 +231,8 @@ def all_reduce_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residu
     from . import ops
 
     ctx, g = resolve(group)
-    return ops.all_reduce_rmsnorm(ctx, x.contiguous(), weight, eps=eps, residual=residual, group=g)
+    return ops.all_reduce_rmsnorm(ctx, x.contiguous(), weight.contiguous(), eps=eps, group=g,
+                                  residual=None if residual is None else residual.contiguous())
 
 
 @all_reduce_rmsnorm.register_fake

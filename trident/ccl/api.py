@@ -50,14 +50,15 @@ def _op_name(op) -> str:
     return name
 
 
-def _acc_dtype(dtype: torch.dtype):
+def _acc_dtype(dtype: torch.dtype, ctx, what: str):
     if dtype in (torch.float16, torch.bfloat16, torch.float32):
         return tl.float32  # fp16 and bf16 accumulate in fp32
     if dtype == torch.float64:
         return tl.float64
     if dtype in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
         return tl.int64 if dtype == torch.int64 else tl.int32
-    raise ValueError(f"reductions do not support dtype {dtype}")
+    raise ValueError(f"rank {ctx.rank}: {what}: reductions do not support dtype {dtype}; expected float16, "
+                     f"bfloat16, float32, float64, int8, uint8, int16, int32 or int64 (convert first)")
 
 
 def _check(ctx, what: str, **tensors) -> None:
@@ -211,7 +212,7 @@ def reduce_scatter(ctx, out: torch.Tensor, inp: torch.Tensor, op="sum", group=No
     plan = new_plan(ctx, key)
     source = _on_heap(ctx, inp, INPUT_STAGE, copy_in=True, plan=plan)
     _launch(ctx, plan, kernels.reduce_scatter_kernel, out.numel(), source, out, out.numel(), OP=name,
-            ACC=_acc_dtype(inp.dtype), BLOCK=_block(ctx, out.numel()))
+            ACC=_acc_dtype(inp.dtype, ctx, "reduce_scatter"), BLOCK=_block(ctx, out.numel()))
     keep_plan(ctx, key, plan)
     return out
 
@@ -250,7 +251,8 @@ def all_reduce(ctx, tensor: torch.Tensor, op="sum", algorithm: str = "auto", gro
     plan = new_plan(ctx, key)
     x = _on_heap(ctx, tensor, INPUT_STAGE, copy_in=False)  # staged inside the kernel
     scratch = workspace(ctx).buffer("scratch", n, tensor.dtype)
-    meta = {"OP": name, "ACC": _acc_dtype(tensor.dtype), "STAGE": x is not tensor, "BLOCK": _block(ctx, n)}
+    acc = _acc_dtype(tensor.dtype, ctx, "all_reduce")
+    meta = {"OP": name, "ACC": acc, "STAGE": x is not tensor, "BLOCK": _block(ctx, n)}
     if algorithm == "one_shot":
         _launch(ctx, plan, kernels.all_reduce_one_shot_kernel, n, tensor, x, scratch, tensor, n, **meta)
     else:
