@@ -388,3 +388,26 @@ def test_moe_bench_runs_in_exactly_the_heap_moe_heap_bytes_gives(tmp_path):
     for correct, free, heap in trident.spawn(_moe_bench_in_exact_heap, 2, (str(tmp_path),), timeout=240):
         assert correct is True
         assert free < 4096, (free, heap)
+
+
+def test_plots_draw_one_readable_panel_per_family_from_saved_h200_json(tmp_path):
+    """The latency host-time plot of a saved H200 run (docs/results): one panel per family, each
+    with its reference (NCCL's all-reduce, torch.matmul of the shape), at most a page wide (the old
+    plot was 3432 px wide, its bars slivers)."""
+    import struct
+
+    from trident.bench import latency, plots
+
+    pytest.importorskip("matplotlib")
+    with open(os.path.join(ROOT, "docs/results/h200-2026-12-04b/latency_1_matmul_prepared.json")) as f:
+        record = json.load(f)
+    rows = latency._host_panels([r for r in record["rows"] if r["part"] == "host"])
+    refs = {r["family"]: r["name"] for r in rows if r["is_reference"]}
+    assert refs == {"collectives, 1 KiB": "nccl all_reduce 1 KiB", "fused ops, small shape": "torch.matmul small",
+                    "fused ops, 4096 shape": "torch.matmul 4096"}
+    assert all(r["family"] in refs for r in rows if r["group"] in ("collective", "fused op"))
+    path = plots.bars({**record, "rows": rows}, str(tmp_path / "host.png"), "family", "name", "host_us", "us", "host",
+                      reference=lambda r: r["is_reference"], ratio="of")
+    with open(path, "rb") as f:
+        width, height = struct.unpack(">II", f.read(24)[16:24])
+    assert width <= 1700 and 400 <= height <= 1200, (width, height)

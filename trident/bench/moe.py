@@ -229,8 +229,9 @@ def report(record: dict, out: str) -> list[str]:
                ("host_us", "host us", ".1f"), ("gbps", "GB/s", ".1f"), ("speedup_vs_torch", "vs torch", ".2f")]
     def plot(tokens):  # one figure per token count: decode and prefill times differ by orders of magnitude
         rows = {**record, "rows": [r for r in record["rows"] if r["tokens"] == tokens]}
-        return plots.bars(rows, f"{out}/moe_{tokens}.png", "case", "series", "time_us", "time (us)",
-                          f"MoE dispatch and combine, {tokens} tokens per rank")
+        return plots.bars(rows, f"{out}/moe_{tokens}.png", "case", "series", "time_us", "device time (us)",
+                          f"MoE dispatch and combine, {tokens} tokens per rank (dashed: the torch path)",
+                          reference="torch eager", ratio="faster")
 
     tokens = sorted({r["tokens"] for r in record["rows"]})
     return harness.write_report(record, out, columns, wrong="trident's combine gave a wrong result",
