@@ -203,22 +203,48 @@ def bars(record: dict, path: str, group: str, category: str, value: str, ylabel:
 
 
 def loglog(record: dict, path: str, panel: str, line: str, x: str, y: str, xlabel: str, ylabel: str,
-           what: str) -> str | None:
-    """One log-log panel per ``rows[panel]`` value, one line per ``rows[line]`` value (ccl: time vs bytes)."""
+           what: str, reference: str | None = None) -> str | None:
+    """One log-log panel per ``rows[panel]`` value, one line per ``rows[line]`` value (ccl: time vs bytes).
+
+    With ``reference`` (a ``rows[line]`` value, e.g. ``"nccl"``) present in the rows, a second row of
+    panels shows each other line's speedup over it (reference y / y at the same x; above 1 is faster),
+    the ratio being what such a comparison is about.
+    """
     plt = _pyplot()
     if plt is None:
         return None
     rows = record["rows"]
     panels = sorted({r[panel] for r in rows})
-    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(4 * max(len(panels), 1), 3.8), squeeze=False)
-    for ax, name in zip(axes[0], panels, strict=False):
+    ratios = reference is not None and any(r[line] == reference for r in rows)
+    n = max(len(panels), 1)
+    fig, axes = plt.subplots(2 if ratios else 1, n, figsize=(4.2 * n, 6.6 if ratios else 3.8), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 2]} if ratios else None)
+    for col, name in enumerate(panels):
+        ax = axes[0, col]
         for label in sorted({r[line] for r in rows if r[panel] == name}):
-            pts = [(r[x], r[y]) for r in rows if r[panel] == name and r[line] == label]
-            ax.loglog(*zip(*pts, strict=True), marker="o", ms=3, label=label)
+            pts = sorted((r[x], r[y]) for r in rows if r[panel] == name and r[line] == label and r.get(y))
+            if pts:
+                ax.loglog(*zip(*pts, strict=True), marker="o", ms=3, label=label,
+                          **({"color": "tab:red", "ls": "--"} if label == reference else {}))
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7, loc="upper left")
+        if ratios:
+            ref = {r[x]: r[y] for r in rows if r[panel] == name and r[line] == reference and r.get(y)}
+            axr = axes[1, col]
+            for label in sorted({r[line] for r in rows if r[panel] == name} - {reference}):
+                pts = sorted((r[x], ref[r[x]] / r[y]) for r in rows
+                             if r[panel] == name and r[line] == label and r.get(y) and r[x] in ref)
+                if pts:
+                    axr.plot(*zip(*pts, strict=True), marker="o", ms=3, label=label)
+            axr.axhline(1.0, color="tab:red", ls="--", lw=1)
+            axr.set_xscale("log")
+            axr.set_xlabel(xlabel)
+            axr.set_ylabel(f"speedup over {reference}")
+            axr.grid(alpha=0.3)
+            axr.legend(fontsize=7)
     return _save(plt, fig, path, record, what)
 
 
