@@ -342,3 +342,72 @@ def test_moe_times_dispatch_and_combine(pool2, tmp_path):
     assert {r["mode"] for r in rec["rows"]} == ({"eager"} if SIMULATOR else {"eager", "cuda graph"})
     assert all(r["time_us"] > 0 and r["gbps"] is not None for r in rec["rows"])
     assert {os.path.basename(f) for f in files if f.endswith(".png")} == {"moe_4.png", "moe_8.png"}
+
+
+def test_moe_heap_bytes_follows_the_documented_formula_and_sizes_the_bench():
+    """docs/moe.md's formula at DeepSeek-V3 prefill (4096 tokens, 7168 hidden, top-8 of 256, bf16 and
+    fp8 scales), and ``trident bench moe``'s default heap at 1, 2, 4 and 8 ranks holds it."""
+    import trident.ops
+    from trident import layout
+    from trident.bench import moe
+
+    def pow2(n):
+        return 1 << (n - 1).bit_length()
+
+    rows = 8 * 4096 * 8  # W * M * k, the default capacity
+    want = (pow2(rows * 7168 * 2) + pow2(rows * 56 * 4) + pow2(rows * 8) + pow2(rows * 4)
+            + pow2(4096 * 8 * 7168 * 2))  # recv_x, scales, origins, j, combine staging
+    got = trident.ops.moe_heap_bytes(4096, 7168, 8, 256, 8, torch.bfloat16, fp8_scales=True)
+    assert want + layout.CONTROL_BYTES < got < want + (4 << 20)  # + the small buffers and the sync block
+    assert trident.ops.moe_heap_bytes(4096, 7168, 8, 256, 8, capacity=rows // 2) < got - (2 << 30)
+    args = moe.parse_args([])
+    for world in (1, 2, 4, 8):
+        need = trident.ops.moe_heap_bytes(4096, 7168, 8, 256, world, torch.bfloat16, fp8_scales=True)
+        assert need <= moe.heap_bytes(args, world) <= need + (256 << 20)
+
+
+def _moe_bench_in_exact_heap(rank, out):
+    import trident
+    import trident.ops
+    from trident.bench import moe
+
+    args = moe.parse_args(["--tokens", "4", "8", "--no-progress"])
+    moe.sim_sizes(args)
+    hidden, k, experts = moe.MODELS[args.models[0]]
+    heap = trident.ops.moe_heap_bytes(8, hidden, k, experts, 2, torch.bfloat16, fp8_scales=True)
+    with trident.init(heap_size=heap) as ctx:
+        record = moe.run(ctx, args)
+        return record["all_correct"], ctx.memory_stats()["free_bytes"], heap
+
+
+def test_moe_bench_runs_in_exactly_the_heap_moe_heap_bytes_gives(tmp_path):
+    """The bench makes its largest call first (the workspace never grows through smaller sizes, which
+    would leave holes), so a heap of exactly ``moe_heap_bytes`` holds it, with little to spare."""
+    import trident
+
+    for correct, free, heap in trident.spawn(_moe_bench_in_exact_heap, 2, (str(tmp_path),), timeout=240):
+        assert correct is True
+        assert free < 4096, (free, heap)
+
+
+def test_plots_draw_one_readable_panel_per_family_from_saved_h200_json(tmp_path):
+    """The latency host-time plot of a saved H200 run (docs/results): one panel per family, each
+    with its reference (NCCL's all-reduce, torch.matmul of the shape), at most a page wide (the old
+    plot was 3432 px wide, its bars slivers)."""
+    import struct
+
+    from trident.bench import latency, plots
+
+    pytest.importorskip("matplotlib")
+    with open(os.path.join(ROOT, "docs/results/h200-2026-12-04b/latency_1_matmul_prepared.json")) as f:
+        record = json.load(f)
+    rows = latency._host_panels([r for r in record["rows"] if r["part"] == "host"])
+    refs = {r["family"]: r["name"] for r in rows if r["is_reference"]}
+    assert refs == {"collectives, 1 KiB": "nccl all_reduce 1 KiB", "fused ops, small shape": "torch.matmul small",
+                    "fused ops, 4096 shape": "torch.matmul 4096"}
+    assert all(r["family"] in refs for r in rows if r["group"] in ("collective", "fused op"))
+    path = plots.bars({**record, "rows": rows}, str(tmp_path / "host.png"), "family", "name", "host_us", "us", "host",
+                      reference=lambda r: r["is_reference"], ratio="of")
+    with open(path, "rb") as f:
+        width, height = struct.unpack(">II", f.read(24)[16:24])
+    assert width <= 1700 and 400 <= height <= 1200, (width, height)

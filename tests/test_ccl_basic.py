@@ -57,13 +57,21 @@ def _bad_input_body(ctx):
              lambda: trident.ccl.all_gather(ctx, torch.empty(3, device=ctx.device), ctx.zeros(8)),
              lambda: trident.ccl.all_reduce(ctx, ctx.zeros(4, 4).t()),
              lambda: trident.ccl.all_to_all_v(ctx, plain, plain.clone(), [1, 1], [1, 1]))
+    bad_dtypes = (torch.bool, torch.uint16, torch.uint32, torch.float8_e4m3fn)
+    calls += tuple(lambda d=d: trident.ccl.all_reduce(ctx, ctx.zeros(8, dtype=d)) for d in bad_dtypes)
+    calls += (lambda: trident.ccl.reduce_scatter(ctx, ctx.zeros(4, dtype=torch.bool),
+                                                 ctx.zeros(4 * ctx.world_size, dtype=torch.bool)),)
     return refusals(dict(enumerate(calls)))
 
 
 def test_bad_input_is_refused_with_a_clear_message(pool2):
-    for m in pool2.run(_bad_input_body):
+    for rank, m in enumerate(pool2.run(_bad_input_body)):
         assert "op='prod' is not supported" in m[0]
         assert "algorithm='ring'" in m[1]
         assert "out has 3 elements, expected world_size x inp" in m[2]
         assert "must be contiguous" in m[3]
         assert "must lie on the heap" in m[4]
+        for i, (what, dtype) in enumerate([("all_reduce", "torch.bool"), ("all_reduce", "torch.uint16"),
+                                           ("all_reduce", "torch.uint32"), ("all_reduce", "torch.float8_e4m3fn"),
+                                           ("reduce_scatter", "torch.bool")], start=5):
+            assert m[i].startswith(f"rank {rank}: {what}: reductions do not support dtype {dtype}; expected"), m[i]

@@ -254,10 +254,34 @@ def test_overflowing_capacity_is_a_clear_error():
     assert get_pool(2).run(_overflow_body) == [[]] * 2
 
 
+def _repeated_ids_body(ctx):
+    """Every token names expert 0 in all k=3 of its slots (E/W = 2 < k): rank 0 receives W*T*k = 30
+    rows. The default capacity covers it (it was W*T*min(k, E/W) = 20, a CapacityError), and the
+    combine sums all k rows of a token (identity experts: x times the sum of its weights)."""
+    problems, r, dev = [], ctx.rank, ctx.device
+    x = (torch.arange(5 * 32, dtype=torch.float32).reshape(5, 32) / 64 + r).to(torch.bfloat16)
+    idx, weights = torch.zeros(5, 3, dtype=torch.int64), torch.rand(5, 3, generator=torch.Generator().manual_seed(r))
+    for given in (None, 5):
+        d = moe_dispatch(ctx, x.to(dev), idx.to(dev), 4, max_tokens_per_rank=given)
+        d.check()
+        counts = d.recv_counts.cpu().tolist()
+        if d.capacity != 30 or counts != ([30, 0] if r == 0 else [0, 0]):
+            problems.append(f"rank {r}: capacity {d.capacity}, counts {counts} (given={given})")
+        out = moe_combine(ctx, d.recv_x.clone(), weights.to(dev), d).float().cpu()
+        want = x.float() * weights.sum(1, keepdim=True)
+        if not torch.allclose(out, want, rtol=2e-2, atol=2e-2):
+            problems.append(f"rank {r}: combine of repeated ids off by {(out - want).abs().max():.3g} (given={given})")
+    return problems
+
+
+def test_a_token_may_repeat_an_expert_id():
+    assert get_pool(2).run(_repeated_ids_body) == [[]] * 2
+
+
 def _refusals_body(ctx):
     me, dev, problems = ctx.rank, ctx.device, []
     x = torch.ones(4, 32, device=dev, dtype=torch.bfloat16)
-    idx = torch.tensor([[0, 1]] * 4, device=dev)  # one row per rank and token: exactly the capacity
+    idx = torch.tensor([[0, 1]] * 4, device=dev)  # one row per rank and token
     f8 = torch.ones(4, 128, device=dev).to(FP8)
     dispatch = {
         "experts not divisible": (lambda: moe_dispatch(ctx, x, idx, 3), ["num_experts=3", "divisible"]),

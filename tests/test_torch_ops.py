@@ -63,6 +63,12 @@ def _every_op(ctx):
     want_h = sum(every) + residual
     check("all_reduce_rmsnorm h", h, want_h)
     check("all_reduce_rmsnorm out", out, want_h * torch.rsqrt(want_h.pow(2).mean(-1, keepdim=True) + 1e-6) * weight)
+    # Any layout, as every other op: a strided weight and a transposed residual give the same result.
+    strided_w = torch.stack([weight, weight], 1).to(dev)[:, 0]
+    transposed_res = residual.t().contiguous().to(dev).t()
+    out2, h2 = ops.all_reduce_rmsnorm(mine, strided_w, 1e-6, transposed_res, g)
+    check("all_reduce_rmsnorm h, non-contiguous", h2, want_h)
+    check("all_reduce_rmsnorm out, non-contiguous", out2, out.cpu())
     errors["input unchanged"] = (float((mine - before).abs().max()), TOL)
     return errors
 
@@ -146,6 +152,17 @@ def _moe_ops(ctx):
         errors["rows match their source"] = (float((recv_x[:received].cpu() - torch.stack(sent)).abs().max()), TOL)
     eager = _moe_layer(*args)
     errors["eager"] = (float((eager.cpu() - want).abs().max()), TOL)
+    # One expert per rank (E/W = 1 < k): the fake's capacity is the real one's, W * max_tokens * k.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    two = args[1] % 2
+    real = torch.ops.trident.moe_dispatch(args[0], two, 2, max_tokens, None, ctx.group_name)[0]
+    mode = FakeTensorMode()
+    x_fake, idx_fake = mode.from_tensor(args[0]), mode.from_tensor(two)
+    with mode:
+        fake = torch.ops.trident.moe_dispatch(x_fake, idx_fake, 2, max_tokens, None, ctx.group_name)[0]
+    errors["fake capacity"] = (float(abs(fake.shape[0] - real.shape[0])) + float(real.shape[0] != w * max_tokens * k),
+                               0.5)
     compiled = torch.compile(_moe_layer, fullgraph=True, backend="aot_eager")(*args)
     errors["compiled"] = (float((compiled.cpu() - want).abs().max()), TOL)
     return errors

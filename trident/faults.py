@@ -83,6 +83,6 @@ def describe_capacity_fault(rank, worst_rank, capacity, needed) -> str:
     return (
         f"rank {rank}: moe_dispatch: capacity={capacity} rows is too small: rank {worst_rank} had to receive "
         f"{needed} rows. The rows past the capacity were not delivered, so this call's results (and a "
-        f"moe_combine on them) are incomplete. Pass capacity >= {needed}, or capacity=None (the exact worst "
-        f"case, world_size * max_tokens_per_rank * min(k, experts per rank))."
+        f"moe_combine on them) are incomplete. Pass capacity >= {needed}, or capacity=None (the worst "
+        f"case, world_size * max_tokens_per_rank * k)."
     )

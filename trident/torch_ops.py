@@ -289,7 +289,8 @@ def all_reduce_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residu
     from . import ops
 
     ctx, g = resolve(group)
-    return ops.all_reduce_rmsnorm(ctx, x.contiguous(), weight, eps=eps, residual=residual, group=g)
+    return ops.all_reduce_rmsnorm(ctx, x.contiguous(), weight.contiguous(), eps=eps, group=g,
+                                  residual=None if residual is None else residual.contiguous())
 
 
 @_fake("all_reduce_rmsnorm")
@@ -321,10 +322,11 @@ def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, max_
 def _(x, topk_idx, num_experts, max_tokens_per_rank, x_scales, group):
     from .ops.moe import SCALE_BLOCK
     from .ops.moe_kernels import STATUS_WORDS
+    from .ops.moe_sizing import default_capacity
 
     world = _world(group)
     experts_local = num_experts // world
-    rows = world * max_tokens_per_rank * min(topk_idx.shape[1], experts_local)
+    rows = default_capacity(world, max_tokens_per_rank, topk_idx.shape[1])
     scale_cols = x.shape[1] // SCALE_BLOCK if x_scales is not None else 0
     return (x.new_empty((rows, x.shape[1])), topk_idx.new_empty(experts_local, dtype=torch.int32),
             topk_idx.new_empty(experts_local, dtype=torch.int32), topk_idx.new_empty(rows),

@@ -23,6 +23,11 @@
    once per device-function level, so a wait that gives up in the simulator surfaced as an
    ``InterpreterError`` nested four deep with escaped text, which ``except trident.RankTimeoutError``
    does not catch. The simulator's launches re-raise the trident error inside, as it was raised.
+7. A comparison's result is labelled with its operands' type (int32, say) although it holds bools,
+   so broadcasting a scalar comparison (``mask = block_mask & (tl.load(p) <= n)``) makes an int32
+   array, and the ``&`` gives an int32 mask. Triton 3.6's loads and atomics accept it; 3.9's refuse
+   it ("mask has unsupported dtype"), and bf16 comparisons would be cast as bf16 bits. The
+   simulator labels comparison results int1, as their type says.
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ def apply() -> None:
         _raise_trident_errors_unwrapped(interpreter)
     with contextlib.suppress(AttributeError, TypeError):  # a dot laid out differently: leave it alone
         _widen_bf16_dot_operands(interpreter)
+    with contextlib.suppress(AttributeError):
+        _label_comparisons_int1(interpreter)
     try:
         _install_atomic_fallbacks(interpreter)
         needed = _needs_index_fix()
@@ -98,6 +105,22 @@ def _raise_trident_errors_unwrapped(interpreter) -> None:
             raise cause.with_traceback(cause.__traceback__) from None
 
     interpreter.GridExecutor.__call__ = launch
+
+
+def _label_comparisons_int1(interpreter) -> None:
+    """Fix-up 7: every ``create_icmp*``/``create_fcmp*`` returns bools labelled int1."""
+    import triton.language as tl
+
+    builder = interpreter.InterpreterBuilder
+
+    def labelled(original):
+        def compare(self, lhs, rhs):
+            out = original(self, lhs, rhs)
+            return interpreter.TensorHandle(np.asarray(out.data).astype(np.bool_, copy=False), tl.int1)
+        return compare
+
+    for name in [n for n in vars(builder) if n.startswith(("create_icmp", "create_fcmp"))]:
+        setattr(builder, name, labelled(getattr(builder, name)))
 
 
 def _run_compiled_mode_functions_interpreted(interpreter) -> None:

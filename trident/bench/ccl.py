@@ -94,7 +94,7 @@ def report(record: dict, out: str) -> list[str]:
                ("time_us", "time us", ".1f"), ("busbw_gbps", "busbw GB/s", ".4g")]
     return harness.write_report(record, out, columns, plots=[lambda: plots.loglog(
         record, f"{out}/ccl.png", "collective", "impl", "bytes", "time_us", "bytes", "time (us)",
-        f"trident collectives ({record['params']['dtype']})")])
+        f"trident collectives ({record['params']['dtype']})", reference="nccl")])
 
 
 def main(argv=None) -> int:

@@ -155,8 +155,9 @@ def report(record: dict, out: str) -> list[str]:
     what = "trident device API (peer == rank) vs a plain Triton copy"
     return harness.write_report(
         record, out, columns, name="device_api_bandwidth", wrong="a variant copied wrong data",
-        plots=[lambda: plots.bars(record, f"{out}/device_api_bandwidth.png", "variant", "size", "gb_per_s",
-                                  "GB/s (read + write)", what)])
+        plots=[lambda: plots.bars(record, f"{out}/device_api_bandwidth.png", "size", "variant", "gb_per_s",
+                                  "GB/s (read + write)", what + " (dashed: the plain copy)",
+                                  reference="plain copy", ratio="of")])
 
 
 def main(argv=None) -> int:

@@ -89,6 +89,7 @@ def report(record: dict, out: str, name: str = "gemm_all_scatter", what: str = "
                ("vs_gemm", "/ gemm", ".3f"), ("chosen", "auto chose", "")]
     with_speedup = dict(record, rows=[r for r in record["rows"] if r["speedup"] is not None])
     speedups = lambda: plots.bars(with_speedup, f"{out}/{name}_speedup.png", "shape", "pattern", "speedup",
-                                  "speedup over baseline", what) if with_speedup["rows"] else None
+                                  "speedup over the baseline (torch + NCCL)", what + " (dashed: the baseline, 1.0)",
+                                  reference=1.0) if with_speedup["rows"] else None
     stacked = lambda: plots.breakdown(record, f"{out}/{name}_breakdown.png", f"{what}: where the time goes")
     return harness.write_report(record, out, columns, plots=[speedups, stacked])

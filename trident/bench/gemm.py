@@ -144,7 +144,7 @@ def report(record: dict, out: str) -> list[str]:
         bars += [{"shape": label, "impl": name, "tflops": r["tflops"]} for name, r in picks if r is not None]
     return harness.write_report(record, out, None, plots=[lambda: plots.bars(
         dict(record, rows=bars), os.path.join(out, "gemm.png"), "shape", "impl", "tflops", "TFLOP/s",
-        "trident.ops.matmul against torch.matmul")])
+        "trident.ops.matmul against torch.matmul (dashed)", reference="torch.matmul", ratio="of")])
 
 
 def main(argv=None) -> int:

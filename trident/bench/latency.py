@@ -291,8 +291,30 @@ def report(record: dict, out: str) -> list[str]:
         print(f"goal {'met   ' if g['met'] else 'missed'} {g['goal']}: {g['value']} {g['unit']} "
               f"(target <= {g['target']} {g['unit']})")
     return harness.write_report(record, out, columns, plots=[lambda: plots.bars(
-        {**record, "rows": host}, f"{out}/latency_host.png", "group", "name", "host_us", "host us per call",
-        "host time per call")])
+        {**record, "rows": _host_panels(host)}, f"{out}/latency_host.png", "family", "name", "host_us",
+        "host us per call", "host time per call (dashed: the reference; in brackets: time / reference)",
+        reference=lambda r: r["is_reference"], ratio="of")])
+
+
+def _host_panels(host: list[dict]) -> list[dict]:
+    """The host rows by family, each with its reference: the collectives against NCCL's all-reduce
+    (or an empty Triton launch without NCCL), the fused ops of a shape against torch.matmul of it."""
+    names = {r["name"] for r in host}
+    base = "nccl all_reduce 1 KiB" if "nccl all_reduce 1 KiB" in names else "empty triton launch"
+    out = []
+    for r in host:
+        if r["group"] == "collective":
+            out.append({**r, "family": "collectives, 1 KiB", "is_reference": False})
+        elif r["group"] == "fused op":
+            shape = r["name"].rsplit(" ", 1)[-1]
+            out.append({**r, "family": f"fused ops, {shape} shape", "is_reference": False})
+        elif r["name"].startswith("torch.matmul "):
+            out.append({**r, "family": f"fused ops, {r['name'].rsplit(' ', 1)[-1]} shape", "is_reference": True})
+        else:
+            out.append({**r, "family": "launch floor (references)", "is_reference": False})
+        if r["name"] == base:
+            out.append({**r, "family": "collectives, 1 KiB", "is_reference": True})
+    return out
 
 
 def main(argv=None) -> int:

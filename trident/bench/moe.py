@@ -13,9 +13,12 @@ the same run:
   and sums them at home with ``index_add_`` in fp32. Eager only: the host reads the counts, so it
   cannot be captured. The receiver does not regroup rows by expert (less work than trident's).
 
-Reported per row: device time (slowest rank), host time per call, and GB/s: the bytes each rank
-sends to other ranks (one row per routed (token, j) on another rank; scales included), averaged
-over ranks, per second. With ranks sharing a GPU (``--mps``) only trident is timed, for latency.
+Reported per row: device time (slowest rank), host time per call, and GB/s: the bytes moved, per
+second, counted as DeepEP's tests count them: every routed (token, j) row (with its scales) that
+lands in a receive buffer, local rows included (so one rank reports GB/s too), averaged over
+ranks; the combine moves the same rows back. With ranks sharing a GPU (``--mps``) only trident is
+timed, for latency. The heap is sized by ``trident.ops.moe_heap_bytes`` for the largest case,
+which runs once, untimed, before the rest, so the workspace never grows in between.
 """
 
 from __future__ import annotations
@@ -50,10 +53,9 @@ def _inputs(ctx, tokens: int, hidden: int, k: int, experts: int, seed: int):
     return x.to(dev, torch.bfloat16), fp8.to(dev), scales.to(dev), idx.to(dev), weights.to(dev)
 
 
-def _cross_rows(ctx, idx: torch.Tensor, experts: int) -> int:
-    """Routed (token, j) rows this rank sends to other ranks."""
-    owner = idx // (experts // ctx.world_size)
-    return int(((idx >= 0) & (owner != ctx.rank)).sum())
+def _routed_rows(idx: torch.Tensor) -> int:
+    """Routed (token, j) rows this rank sends, to itself included (the rows a dispatch moves)."""
+    return int((idx >= 0).sum())
 
 
 class TorchPath:
@@ -105,12 +107,12 @@ def _graph(fn, calls: int):
     return graph
 
 
-def _time(ctx, args, fn, row: dict, cross_bytes: int, graph: bool) -> list[dict]:
+def _time(ctx, args, fn, row: dict, moved_bytes: int, graph: bool) -> list[dict]:
     """Rows for ``fn`` eagerly (and in a CUDA graph when ``graph``), timed on every rank at once."""
     ctx.barrier()
     t = harness.measure(ctx.platform.timing_device, fn, args.warmup, args.repeats)
     ctx.barrier()
-    mean_bytes = sum(harness.all_values(ctx, cross_bytes)) / ctx.world_size
+    mean_bytes = sum(harness.all_values(ctx, moved_bytes)) / ctx.world_size
     rows = [{**row, "mode": "eager", "time_us": harness.max_over_ranks(ctx, t.device_ms) * 1e3,
              "host_us": harness.max_over_ranks(ctx, t.host_ms) * 1e3}]
     if graph:
@@ -130,7 +132,7 @@ def _case(ctx, args, model: str, tokens: int) -> tuple[list[dict], bool]:
     hidden, k, experts = MODELS[model]
     x, x8, scales, idx, weights = _inputs(ctx, tokens, hidden, k, experts, seed=tokens)
     ops, graphs, rows = trident.ops, not ctx.platform.simulator, []
-    cross = _cross_rows(ctx, idx, experts)
+    routed = _routed_rows(idx)
     base = {"model": model, "tokens": tokens}
     torch_path = TorchPath(ctx, experts) if ctx.platform.nccl_usable else None
     for dtype, xs, sc in (("fp8", x8, scales), ("bf16", x, None)):  # bf16 last: the combine uses its result
@@ -138,27 +140,41 @@ def _case(ctx, args, model: str, tokens: int) -> tuple[list[dict], bool]:
         row = {**base, "op": "dispatch", "dtype": dtype}
         rows += _time(ctx, args, lambda xs=xs, sc=sc: ops.moe_dispatch(ctx, xs, idx, experts, x_scales=sc,
                                                                       max_tokens_per_rank=tokens),
-                      {**row, "impl": "trident"}, cross * row_bytes, graphs)
+                      {**row, "impl": "trident"}, routed * row_bytes, graphs)
         if torch_path is not None:
             rows += _time(ctx, args, lambda xs=xs, sc=sc: torch_path.dispatch(xs, idx, sc), {**row, "impl": "torch"},
-                          cross * row_bytes, False)
+                          routed * row_bytes, False)
     d = ops.moe_dispatch(ctx, x, idx, experts, max_tokens_per_rank=tokens)
     row = {**base, "op": "combine", "dtype": "bf16"}
     rows += _time(ctx, args, lambda: ops.moe_combine(ctx, d.recv_x, weights, d), {**row, "impl": "trident"},
-                  cross * hidden * 2, graphs)
+                  routed * hidden * 2, graphs)
     got = ops.moe_combine(ctx, d.recv_x, weights, d).float()  # identity experts: x times its weights' sum
     correct = bool(torch.allclose(got, x.float() * weights.sum(1, keepdim=True), rtol=3e-2, atol=3e-2))
     if torch_path is not None:
         expert_out = torch_path.dispatch(x, idx)
         rows += _time(ctx, args, lambda: torch_path.combine(expert_out, weights), {**row, "impl": "torch"},
-                      cross * hidden * 2, False)
+                      routed * hidden * 2, False)
     return rows, all(harness.all_values(ctx, correct))
+
+
+def _presize(ctx, args) -> None:
+    """The largest case once, untimed (bf16 and fp8 dispatch, combine): the workspace takes its final
+    size first, as ``moe_heap_bytes`` assumes, and no buffer grows (leaving a hole) later."""
+    model = max(args.models, key=lambda m: _need(m, max(args.tokens), ctx.world_size))
+    hidden, k, experts = MODELS[model]
+    tokens = max(args.tokens)
+    x, x8, scales, idx, weights = _inputs(ctx, tokens, hidden, k, experts, seed=0)
+    d = trident.ops.moe_dispatch(ctx, x, idx, experts, max_tokens_per_rank=tokens)  # bf16 first: the widest rows
+    trident.ops.moe_combine(ctx, d.recv_x, weights, d)
+    trident.ops.moe_dispatch(ctx, x8, idx, experts, x_scales=scales, max_tokens_per_rank=tokens)
+    ctx.barrier()
 
 
 def run(ctx, args) -> dict:
     """Time every op of every model and token count (collective); returns the record on every rank."""
     record = harness.new_record(ctx, "moe", {k: v for k, v in vars(args).items() if k != "no_progress"})
     correct = True
+    _presize(ctx, args)
     for model in args.models:
         if MODELS[model][2] % ctx.world_size:
             raise ValueError(f"{model}: {MODELS[model][2]} experts do not split over {ctx.world_size} ranks")
@@ -194,19 +210,16 @@ def sim_sizes(args) -> None:
     args.repeats, args.warmup = min(args.repeats, 2), min(args.warmup, 1)
 
 
-def heap_bytes(args, world_size: int) -> int:
-    """Heap for the largest case: each workspace buffer rounds up to a power of two (a GPU run)."""
-    def pow2(n):
-        return 1 << max(int(n) - 1, 1).bit_length()
+def _need(model: str, tokens: int, world_size: int) -> int:
+    hidden, k, experts = MODELS[model]
+    return trident.ops.moe_heap_bytes(tokens, hidden, k, experts, world_size, torch.bfloat16, fp8_scales=True)
 
-    total = 0
-    for model in args.models:
-        hidden, k, experts = MODELS[model]
-        tokens = max(args.tokens)
-        rows = world_size * tokens * min(k, experts // world_size)
-        total = max(total, pow2(rows * hidden * 2) + pow2(rows * hidden // 32) + pow2(rows * 12)
-                    + pow2(tokens * k * hidden * 2))
-    return total + (256 << 20)
+
+def heap_bytes(args, world_size: int) -> int:
+    """The heap for the largest case: ``trident.ops.moe_heap_bytes`` (bf16 and fp8 with scales) and
+    256 MiB for everything else (16 MiB in the simulator, whose tiny model needs little)."""
+    need = max(_need(m, max(args.tokens), world_size) for m in args.models)
+    return need + ((16 << 20) if SIMULATOR else (256 << 20))
 
 
 def report(record: dict, out: str) -> list[str]:
@@ -216,8 +229,9 @@ def report(record: dict, out: str) -> list[str]:
                ("host_us", "host us", ".1f"), ("gbps", "GB/s", ".1f"), ("speedup_vs_torch", "vs torch", ".2f")]
     def plot(tokens):  # one figure per token count: decode and prefill times differ by orders of magnitude
         rows = {**record, "rows": [r for r in record["rows"] if r["tokens"] == tokens]}
-        return plots.bars(rows, f"{out}/moe_{tokens}.png", "case", "series", "time_us", "time (us)",
-                          f"MoE dispatch and combine, {tokens} tokens per rank")
+        return plots.bars(rows, f"{out}/moe_{tokens}.png", "case", "series", "time_us", "device time (us)",
+                          f"MoE dispatch and combine, {tokens} tokens per rank (dashed: the torch path)",
+                          reference="torch eager", ratio="faster")
 
     tokens = sorted({r["tokens"] for r in record["rows"]})
     return harness.write_report(record, out, columns, wrong="trident's combine gave a wrong result",
@@ -230,7 +244,7 @@ def main(argv=None) -> int:
     if SIMULATOR:
         sim_sizes(args)
     world = int(os.environ.get("WORLD_SIZE", "1"))  # set by the launcher; trident.init comes after the heap size
-    harness.run_benchmark(args, run, report, (64 << 20) if SIMULATOR else heap_bytes(args, world))
+    harness.run_benchmark(args, run, report, heap_bytes(args, world))
     return 0
 
 

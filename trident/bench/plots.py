@@ -126,43 +126,125 @@ def curves(record: dict, path: str, x: str, series: dict[str, str], ylabel: str,
     return _save(plt, fig, path, record, what)
 
 
-def bars(record: dict, path: str, group: str, category: str, value: str, ylabel: str, what: str) -> str | None:
-    """Grouped bars: one group per ``rows[group]`` value, one bar per ``rows[category]`` inside it."""
+def _fmt(v: float) -> str:
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+def bars(record: dict, path: str, group: str, category: str, value: str, ylabel: str, what: str,
+         reference=None, ratio: str | None = None) -> str | None:
+    """One panel per family (``rows[group]``), one labelled horizontal bar per ``rows[category]``
+    inside it; the family's reference drawn as a dashed line, and each bar's ratio to it.
+
+    Args:
+        record: a record; its rows have ``group``, ``category`` and ``value`` (None: not drawn).
+        path: the PNG to write.
+        group: the row key whose values are the panels (families).
+        category: the row key whose values label the bars.
+        value: the row key drawn.
+        ylabel: the value axis' label (with its unit).
+        what: the title's first line.
+        reference: the category value (or a ``row -> bool`` predicate) of each family's reference:
+            drawn as a line, not a bar. A number: a line at that value in every panel (e.g. 1.0).
+        ratio: how bars compare with the reference: ``"of"`` (value / reference, "0.33x"),
+            ``"faster"`` (reference / value: times where lower is better) or None (no ratio).
+
+    Example::
+
+        plots.bars(record, "moe_128.png", "case", "series", "time_us", "time (us)", "MoE", reference="torch eager",
+                   ratio="faster")
+    """
     plt = _pyplot()
     if plt is None:
         return None
-    rows = record["rows"]
-    groups = list(dict.fromkeys(r[group] for r in rows))
-    cats = list(dict.fromkeys(r[category] for r in rows))
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(groups) * len(cats) / 2), 4))
-    width = 0.8 / max(len(cats), 1)
-    for i, cat in enumerate(cats):
-        vals = [next((r[value] for r in rows if r[group] == g and r[category] == cat), 0) or 0 for g in groups]
-        ax.bar([j + i * width for j in range(len(groups))], vals, width, label=str(cat))
-    ax.set_xticks([j + width * (len(cats) - 1) / 2 for j in range(len(groups))], [str(g) for g in groups],
-                  rotation=15)
-    ax.set_ylabel(ylabel)
-    ax.legend(fontsize=8, loc="lower right")
+    rows = [r for r in record["rows"] if r.get(value) is not None]
+    is_ref = reference if callable(reference) else (lambda r: reference is not None and r[category] == reference)
+    families = list(dict.fromkeys(r[group] for r in rows))
+    cols = 1 if len(families) <= 3 else 2
+    heights = [0.32 * max(1, sum(1 for r in rows if r[group] == f and not is_ref(r))) + 0.9 for f in families]
+    per_row = [max(heights[i:i + cols]) for i in range(0, len(families), cols)]
+    fig, axes = plt.subplots(len(per_row), cols, figsize=(7.5 * cols, sum(per_row) + 1.2), squeeze=False,
+                             gridspec_kw={"height_ratios": per_row})
+    for ax in axes.flat[len(families):]:
+        ax.axis("off")
+    for ax, fam in zip(axes.flat, families, strict=False):
+        mine = [r for r in rows if r[group] == fam and not is_ref(r)]
+        ref_row = next((r for r in rows if r[group] == fam and is_ref(r)), None)
+        ref = float(reference) if isinstance(reference, (int, float)) else (ref_row[value] if ref_row else None)
+        labels, vals = [str(r[category]) for r in mine], [float(r[value]) for r in mine]
+        if isinstance(reference, (int, float)) and vals:  # values that are ratios: bars from the reference line
+            lo, hi = min(vals + [ref]), max(vals + [ref])
+            pad = (hi - lo) * 0.35 or 0.05
+            ax.barh(range(len(mine)), [v - ref for v in vals], left=ref, height=0.6,
+                    color=["tab:green" if v >= ref else "tab:orange" for v in vals])
+            ax.set_xlim(lo - pad * 0.3, hi + pad)
+            left, step, fmt = ref, (hi - lo + pad) * 0.01, "{:.3f}".format
+        else:
+            ax.barh(range(len(mine)), vals, color="tab:blue", height=0.6)
+            top = max(vals + ([ref] if ref else []) + [0.0]) or 1.0
+            ax.set_xlim(0, top * 1.45)  # room for the labels right of the bars
+            left, step, fmt = 0.0, top * 0.01, _fmt
+        ax.set_yticks(range(len(mine)), labels, fontsize=8)
+        ax.invert_yaxis()
+        for i, v in enumerate(vals):
+            text = fmt(v)
+            if ref and ratio and v:
+                text += f"  ({ref / v:.3g}x faster)" if ratio == "faster" else f"  ({v / ref:.3g}x)"
+            ax.text(max(v, left) + step, i, text, va="center", fontsize=7.5,
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8})
+        if ref:
+            name = "" if ref_row is None else f"{ref_row[category]}: "
+            ax.axvline(ref, color="tab:red", ls="--", lw=1.2)
+            ax.text(ref, -0.55, f" {name}{_fmt(ref)}", color="tab:red", fontsize=7.5, va="bottom", ha="left")
+        ax.set_title(str(fam), fontsize=9, loc="left")
+        ax.set_xlabel(ylabel, fontsize=8)
+        ax.tick_params(axis="x", labelsize=7.5)
+        ax.grid(axis="x", alpha=0.3)
     return _save(plt, fig, path, record, what)
 
 
 def loglog(record: dict, path: str, panel: str, line: str, x: str, y: str, xlabel: str, ylabel: str,
-           what: str) -> str | None:
-    """One log-log panel per ``rows[panel]`` value, one line per ``rows[line]`` value (ccl: time vs bytes)."""
+           what: str, reference: str | None = None) -> str | None:
+    """One log-log panel per ``rows[panel]`` value, one line per ``rows[line]`` value (ccl: time vs bytes).
+
+    With ``reference`` (a ``rows[line]`` value, e.g. ``"nccl"``) present in the rows, a second row of
+    panels shows each other line's speedup over it (reference y / y at the same x; above 1 is faster),
+    the ratio being what such a comparison is about.
+    """
     plt = _pyplot()
     if plt is None:
         return None
     rows = record["rows"]
     panels = sorted({r[panel] for r in rows})
-    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(4 * max(len(panels), 1), 3.8), squeeze=False)
-    for ax, name in zip(axes[0], panels, strict=False):
+    ratios = reference is not None and any(r[line] == reference for r in rows)
+    n = max(len(panels), 1)
+    fig, axes = plt.subplots(2 if ratios else 1, n, figsize=(4.2 * n, 6.6 if ratios else 3.8), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 2]} if ratios else None)
+    for col, name in enumerate(panels):
+        ax = axes[0, col]
         for label in sorted({r[line] for r in rows if r[panel] == name}):
-            pts = [(r[x], r[y]) for r in rows if r[panel] == name and r[line] == label]
-            ax.loglog(*zip(*pts, strict=True), marker="o", ms=3, label=label)
+            pts = sorted((r[x], r[y]) for r in rows if r[panel] == name and r[line] == label and r.get(y))
+            if pts:
+                ax.loglog(*zip(*pts, strict=True), marker="o", ms=3, label=label,
+                          **({"color": "tab:red", "ls": "--"} if label == reference else {}))
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7, loc="upper left")
+        if ratios:
+            ref = {r[x]: r[y] for r in rows if r[panel] == name and r[line] == reference and r.get(y)}
+            axr = axes[1, col]
+            for label in sorted({r[line] for r in rows if r[panel] == name} - {reference}):
+                pts = sorted((r[x], ref[r[x]] / r[y]) for r in rows
+                             if r[panel] == name and r[line] == label and r.get(y) and r[x] in ref)
+                if pts:
+                    axr.plot(*zip(*pts, strict=True), marker="o", ms=3, label=label)
+            axr.axhline(1.0, color="tab:red", ls="--", lw=1)
+            axr.set_xscale("log")
+            axr.set_xlabel(xlabel)
+            axr.set_ylabel(f"speedup over {reference}")
+            axr.grid(alpha=0.3)
+            axr.legend(fontsize=7)
     return _save(plt, fig, path, record, what)
 
 

@@ -149,7 +149,7 @@ def report(record: dict, out: str) -> list[str]:
     eager = {**record, "rows": [r for r in record["rows"] if r["mode"] == "eager"]}
     return harness.write_report(record, out, columns, plots=[lambda: plots.loglog(
         eager, f"{out}/tp_layer.png", "model", "impl", "tokens", "time_us", "tokens", "time (us)",
-        "tensor-parallel decoder layer, eager")])
+        "tensor-parallel decoder layer, eager", reference="torch")])
 
 
 def main(argv=None) -> int:

@@ -13,7 +13,8 @@ patterns chosen by name (docs/gemm-all-scatter.md, docs/tensor-parallel-ops.md):
 
 Expert parallelism (docs/moe.md): ``moe_dispatch(ctx, x, topk_idx, num_experts)`` sends tokens to the
 ranks of their experts and ``moe_combine(ctx, expert_out, topk_weights, d)`` brings the weighted
-sum back, each one kernel with no host synchronisation.
+sum back, each one kernel with no host synchronisation; ``moe_heap_bytes(...)`` is the heap they
+need (call it before ``trident.init``).
 
 Each op is described by one :class:`~trident.ops.fused_call.OpSpec` in :data:`OPS` (its
 patterns, its measured ``auto`` table, its default communication programs), and
@@ -33,6 +34,7 @@ from .gemm_all_scatter import AUTO_TABLE, GEMM_ALL_SCATTER, PATTERNS, gemm_all_s
 from .gemm_reduce_scatter import GEMM_REDUCE_SCATTER, gemm_reduce_scatter
 from .matmul import SIM_CONFIG, MatmulConfig, matmul, pick_config
 from .moe import MoEDispatch, moe_combine, moe_dispatch
+from .moe_sizing import default_capacity, moe_heap_bytes
 
 #: The fused ops by name.
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (GEMM_ALL_SCATTER, ALL_GATHER_GEMM, GEMM_REDUCE_SCATTER,
@@ -62,4 +64,5 @@ def choose_pattern(ctx, op: str, M: int, N: int, K: int) -> str:
 
 __all__ = ["matmul", "MatmulConfig", "SIM_CONFIG", "pick_config", "gemm_all_scatter", "all_gather_gemm",
            "gemm_reduce_scatter", "gemm_all_reduce", "all_reduce_rmsnorm", "OPS", "OpSpec", "OP_PATTERNS",
-           "choose_pattern", "PATTERNS", "AUTO_TABLE", "moe_dispatch", "moe_combine", "MoEDispatch"]
+           "choose_pattern", "PATTERNS", "AUTO_TABLE", "moe_dispatch", "moe_combine", "MoEDispatch",
+           "moe_heap_bytes", "default_capacity"]

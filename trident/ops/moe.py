@@ -39,13 +39,12 @@ from . import multinode
 from .call_sync import sync_block
 from .fused_call import check_tensor
 from .moe_kernels import STATUS_NEEDED, STATUS_WORDS, STATUS_WORST, moe_combine_kernel, moe_dispatch_kernel
+from .moe_sizing import SCALE_BLOCK, default_capacity
 
 #: Token dtypes ``moe_dispatch`` moves (bits, unchanged: fp8 is passed through, not requantised).
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
 #: Expert output dtypes ``moe_combine`` sums (in fp32) and returns.
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-#: Columns per fp8 scale: ``x_scales`` is ``[T, H / SCALE_BLOCK]`` (DeepSeek-V3's 128-channel blocks).
-SCALE_BLOCK = 128
 #: Most experts: the planner holds one count per expert in registers.
 MAX_EXPERTS = 1024
 _STATE_KEY = "ops.moe"
@@ -192,11 +191,12 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
             agree on their largest T through one small host exchange (and the call waits for the
             device to check the capacity). Given: nothing on the host waits, and the call can be
             captured in a CUDA graph.
-        capacity: rows of the receive buffer; default the exact worst case
-            ``W * max_tokens_per_rank * min(k, E/W)``. A smaller one that the routing overflows is
-            an error (:class:`~trident.errors.CapacityError`), never a silent drop: raised by this
-            call when ``max_tokens_per_rank`` is None (or in the simulator), else recorded on the
-            device and raised by ``d.check()``, ``ctx.check()`` or ``ctx.barrier()``.
+        capacity: rows of the receive buffer; default the worst case ``W * max_tokens_per_rank * k``
+            (a token may name one expert, or experts of one rank, in all its k slots). A smaller one
+            that the routing overflows is an error (:class:`~trident.errors.CapacityError`), never a
+            silent drop: raised by this call when ``max_tokens_per_rank`` is None (or in the
+            simulator), else recorded on the device and raised by ``d.check()``, ``ctx.check()`` or
+            ``ctx.barrier()``.
         x_scales: ``[T, H/128]`` float32 with fp8 ``x``: each row's scales travel with it.
         group: a group of ``ctx`` (``ctx.new_group``) to run over, or None for the whole world.
 
@@ -225,7 +225,7 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
         if bad:
             _fail(where, f"topk_idx holds ids outside [-1, {num_experts}): {bad}")
     experts_local = num_experts // world
-    rows = world * max_tokens * min(k, experts_local) if capacity is None else int(capacity)
+    rows = default_capacity(world, max_tokens, k) if capacity is None else int(capacity)
     state = ctx.resource(_STATE_KEY, _State)
     state.calls += 1
     # Every buffer is asked for on every rank with the same size (collective), in the same order.

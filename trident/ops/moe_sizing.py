@@ -1,0 +1,93 @@
+"""How many rows and heap bytes MoE dispatch and combine need, before ``trident.init``.
+
+``moe_heap_bytes`` is the size hint (as DeepEP's ``get_*_buffer_size_hint``): the heap a context
+needs so that dispatch and combine at the given sizes find room for their buffers. Pass it, plus
+what your own heap tensors need, to ``trident.init(heap_size=...)``. docs/moe.md has the formula.
+
+Example::
+
+    need = trident.ops.moe_heap_bytes(4096, 7168, 8, 256, world_size=8, fp8_scales=True)
+    ctx = trident.init(heap_size=need + (1 << 30))   # + my own heap tensors
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import layout
+from ..ccl.kernels import sync_words as ccl_sync_words
+from .call_sync import sync_words
+from .moe_kernels import STATUS_WORDS
+
+#: Columns per fp8 scale (``x_scales`` is ``[T, H / SCALE_BLOCK]``).
+SCALE_BLOCK = 128
+
+
+def default_capacity(world_size: int, max_tokens_per_rank: int, topk: int) -> int:
+    """``moe_dispatch``'s default capacity: ``W * max_tokens_per_rank * k`` rows, the worst case.
+
+    Every valid ``(token, j)`` of ``topk_idx`` is one received row, and nothing stops a token from
+    naming one expert (or experts of one rank) in all k of its slots, so in the worst case one rank
+    receives k rows from every token of every rank.
+
+    Example::
+
+        rows = default_capacity(8, 128, 8)   # 8192
+    """
+    return int(world_size) * int(max_tokens_per_rank) * int(topk)
+
+
+def _aligned(nbytes: int) -> int:
+    return (int(nbytes) + layout.ALLOC_ALIGN - 1) // layout.ALLOC_ALIGN * layout.ALLOC_ALIGN
+
+
+def _block(nbytes: int) -> int:
+    """The heap bytes of one workspace buffer of ``nbytes`` (a power of two, at least one byte), aligned."""
+    return _aligned(1 << (max(int(nbytes), 1) - 1).bit_length())
+
+
+def moe_heap_bytes(tokens_per_rank: int, hidden: int, topk: int, num_experts: int, world_size: int,
+                   dtype: torch.dtype = torch.bfloat16, fp8_scales: bool = False, capacity: int | None = None,
+                   combine_dtype: torch.dtype | None = None) -> int:
+    """Heap bytes that ``moe_dispatch`` and ``moe_combine`` need at these sizes (per rank, the same on all).
+
+    Each buffer is rounded up to a power of two (the workspace grows that way), and the control
+    block and the collectives' small state are included; your own heap tensors are not.
+
+    Args:
+        tokens_per_rank: ``max_tokens_per_rank`` (the most tokens any rank passes).
+        hidden: H. topk: k. num_experts: E. world_size: W (of the context or group).
+        dtype: the widest token dtype dispatched (bf16 by default; fp8 rows are half as wide).
+        fp8_scales: whether fp8 rows with ``x_scales`` are dispatched too (their scales buffer).
+        capacity: the ``capacity`` passed to ``moe_dispatch``; None: the default
+            (:func:`default_capacity`).
+        combine_dtype: ``expert_out``'s dtype in ``moe_combine``; None: ``dtype`` (bf16 for fp8).
+
+    Returns:
+        Bytes, to add to what the program allocates itself when choosing ``trident.init(heap_size=)``.
+        Valid when the largest call is the first (or the buffers never grow): a buffer that grows
+        frees the old one and takes new memory, and the freed hole may not fit the next one.
+
+    Example::
+
+        need = trident.ops.moe_heap_bytes(4096, 7168, 8, 256, 8, fp8_scales=True)   # about 4.6 GiB
+    """
+    rows = default_capacity(world_size, tokens_per_rank, topk) if capacity is None else int(capacity)
+    token_bytes = torch.empty((), dtype=dtype).element_size()
+    out_bytes = torch.empty((), dtype=combine_dtype or (torch.bfloat16 if token_bytes == 1 else dtype)).element_size()
+    staged = tokens_per_rank * topk
+    buffers = [
+        rows * hidden * token_bytes,                                        # recv_x
+        rows * (hidden // SCALE_BLOCK) * 4 if fp8_scales else 0,            # recv_scales (fp32)
+        rows * 8, rows * 4,                                                 # recv_src (int64), recv_j (int32)
+        world_size * num_experts * 4,                                       # count matrix
+        (2 * num_experts + 2 * (num_experts // world_size)) * 4,            # offsets, counts
+        STATUS_WORDS * 8,                                                   # status words
+        sync_words(world_size, max(world_size + 1, staged)) * 8,           # sync block, combine row flags
+        staged * hidden * out_bytes,                                        # combine staging
+    ]
+    fixed = [ccl_sync_words(world_size) * 8, 3 * world_size * 8]            # collectives' sync block, table
+    return layout.CONTROL_BYTES + sum(_block(b) for b in buffers) + sum(_aligned(b) for b in fixed)
+
+
+__all__ = ["default_capacity", "moe_heap_bytes"]
