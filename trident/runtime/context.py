@@ -18,7 +18,7 @@ from ..errors import (
     RankTimeoutError,
 )
 from ..faults import fault_error
-from . import groups
+from . import group_life, groups
 from .allocator import SymmetricAllocator
 from .control import ControlBlock
 from .heap import SymmetricHeapMixin
@@ -328,14 +328,19 @@ class Context(SymmetricHeapMixin):
             self._compare_digests(f"allocation check ({what})")
 
     def new_group(self, ranks, workspace_bytes: int = groups.DEFAULT_WORKSPACE_BYTES):
-        """A group of ``ranks`` (collective over the world; None elsewhere): :func:`groups.new_group`."""
+        """A group of ``ranks`` (collective over the world; None elsewhere): :func:`group_life.new_group`."""
         self._check_open()
-        return groups.new_group(self, ranks, workspace_bytes)
+        return group_life.new_group(self, ranks, workspace_bytes)
+
+    def destroy_group(self, group) -> None:
+        """End a group, freeing its region (collective; None off it): :func:`group_life.destroy_group`."""
+        self._check_open()
+        group_life.destroy_group(self, group)
 
     def groups_from_mesh(self, mesh, dim, workspace_bytes: int = groups.DEFAULT_WORKSPACE_BYTES):
-        """This rank's group along a DeviceMesh dimension (collective): :func:`groups.groups_from_mesh`."""
+        """This rank's group along a DeviceMesh dimension (collective): :func:`group_life.groups_from_mesh`."""
         self._check_open()
-        return groups.groups_from_mesh(self, mesh, dim, workspace_bytes)
+        return group_life.groups_from_mesh(self, mesh, dim, workspace_bytes)
 
     def device_barrier(self) -> None:
         """A barrier done by a kernel on the device (collective), usable inside CUDA-graph capture.

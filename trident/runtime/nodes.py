@@ -28,7 +28,8 @@ import torch.distributed as dist
 
 from .. import layout
 from ..errors import TopologyError
-from .groups import Group, new_group
+from .group_life import new_group
+from .groups import Group
 
 
 def node_key(rank: int, world_size: int) -> tuple:
