@@ -284,6 +284,11 @@ class TorchGroupSlots:
         self.offset = heap_size - (total if self.count else 0)
         self.arena = None
 
+    def resource_ended(self) -> None:
+        """The context closed: the torch groups in the slots let go of them at once."""
+        if self.arena is not None:
+            self.arena.resource_ended()
+
 
 def group_in_region(ctx, ranks, region: torch.Tensor, name: str) -> Group:
     """A group of ``ranks`` over a heap region reserved earlier (no world collective): for groups
