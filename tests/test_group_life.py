@@ -20,6 +20,7 @@ import triton
 
 import trident
 from trident import ccl
+from trident.backends import interpreter_fixups
 from trident.testing import refusals
 
 WS = 1 << 20  # each group's workspace (the pools' heaps are 64 MiB)
@@ -201,7 +202,9 @@ def _two_threads(ctx):
     errors = []
     first = threading.Thread(target=lambda: _wait_here[(1,)](flag, ctx.rank, ctx.heap_bases))
     first.start()
-    time.sleep(1.0)  # the first thread's kernel now spins on the flag
+    deadline = time.monotonic() + 30
+    while interpreter_fixups._running[0] is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the first thread's kernel runs (it spins on the flag)
     try:
         _wait_here[(1,)](flag, ctx.rank, ctx.heap_bases)
     except trident.TridentError as exc:
