@@ -219,6 +219,33 @@ def test_running_out_of_slots_names_the_parameter():
     assert total == 2.0
 
 
+def _slot_freed_by_its_scope_body(ctx):
+    import trident
+
+    with ctx.heap_scope():
+        trident.dist_backend.reserve(ctx, groups=1, group_bytes=SLOT)
+        pg = dist.new_group([0, 1], backend="trident")
+        t = torch.ones(64, device=ctx.device)
+        dist.all_reduce(t, group=pg)  # on trident, in the slot the scope frees
+    victim = ctx.full((2 * SLOT // 4,), 7.0)  # the user's next allocation: the slot's memory
+    ctx.barrier()
+    t = torch.ones(64, device=ctx.device)
+    dist.all_reduce(t, group=pg)
+    dist.barrier(group=pg)
+    ctx.barrier()
+    intact, counts = bool(torch.all(victim == 7.0)), dict(pg.counts)
+    _destroy(pg)
+    ctx.free(victim)
+    return intact, float(t[0]), counts, pg.group._released
+
+
+def test_a_torch_group_whose_slot_its_heap_scope_freed_runs_on_its_fallback():
+    for intact, total, counts, why in get_pool(2).run(_slot_freed_by_its_scope_body):
+        assert intact, "the torch group wrote into memory a later allocation owns"
+        assert total == 2.0 and counts == {"trident": 1, "fallback": 2}, counts  # the all_reduce and barrier
+        assert "heap_scope() in which trident.dist_backend.reserve() made its heap slots has ended" in why
+
+
 def _unreserved_body(ctx):
     import trident
 

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from . import ccl
-from .errors import TridentError
+from .errors import ContextClosedError, TridentError
 from .runtime.groups import clear_region, group_in_region, open_contexts, region_bytes
 
 NAME = "trident"
@@ -48,6 +48,9 @@ _OP_NAMES = {dist.ReduceOp.RedOpType.SUM: "sum", dist.ReduceOp.RedOpType.MAX: "m
              dist.ReduceOp.RedOpType.MIN: "min"}
 _REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
               torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+#: Why a torch group's trident part ended while its context is open.
+SLOTS_ENDED = ("the ctx.heap_scope() in which trident.dist_backend.reserve() made its heap slots has ended and "
+               "freed them; the torch group runs every call on its fallback group (gloo / NCCL) from now on")
 #: The open arena (one per process: a process has one trident context at a time).
 _ARENA: weakref.ref | None = None
 
@@ -61,8 +64,17 @@ class _Arena:
         self.slot_bytes = region_bytes(group_bytes)
         self.region = ctx.zeros(groups * self.slot_bytes, dtype=torch.uint8) if region is None else region
         self.free = set(range(groups))
+        self.live: set = set()  # the trident groups of the torch groups now in the slots
         if region is None:
             ctx.barrier()  # every rank's slots are zeroed before any member signals into them
+
+    def resource_ended(self) -> None:
+        """The slots' memory is gone (the heap_scope reserve() ran in ended, or the context closed):
+        the torch groups in them stop using it (they run on their fallback from now on)."""
+        for group in self.live:
+            group._release(SLOTS_ENDED)
+        self.live.clear()
+        self.region = None
 
     def slot(self, index: int) -> torch.Tensor:
         return self.region[index * self.slot_bytes:(index + 1) * self.slot_bytes]
@@ -186,6 +198,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self.ctx, self.fallback, self._arena, self._slot = arena.ctx, fallback, arena, slot
         self.group = group_in_region(arena.ctx, ranks, arena.slot(slot), f"{arena.ctx.group_name}-pg{group_id}")
+        arena.live.add(self.group)
         self._limit, self._device = arena.group_bytes // 4, arena.ctx.device
         self.counts = {"trident": 0, "fallback": 0}
         self._spare: _Done | None = None
@@ -206,8 +219,13 @@ class TridentProcessGroup(dist.ProcessGroup):
         return NAME
 
     def _ours(self, *tensors) -> bool:
-        """Whether trident runs a call on these tensors (else the fallback does)."""
+        """Whether trident runs a call on these tensors (else the fallback does). Never once the
+        trident slot is gone (its heap_scope ended); a closed context raises ContextClosedError."""
         if self.ctx._closed:
+            raise ContextClosedError(f"rank {self.ctx.rank}: torch group {self.group.group_name} (backend 'trident'): "
+                                     f"its trident context is closed; destroy the group (dist.destroy_process_group) "
+                                     f"before ctx.close(), or make a new context and group")
+        if self.group._closed:
             return False
         device, limit = self._device, self._limit
         for t in tensors:
@@ -286,7 +304,11 @@ class TridentProcessGroup(dist.ProcessGroup):
         return self._fall("broadcast", tensors, opts=opts)
 
     def barrier(self, opts=None):
-        """``dist.barrier``: this rank's device work done, then every member's (trident's group barrier)."""
+        """``dist.barrier``: this rank's device work done, then every member's (trident's group barrier;
+        the fallback's once the trident slot is gone)."""
+        self._ours()  # a closed context raises
+        if self.group._closed:
+            return self._fall("barrier", opts=opts)
         self.group.barrier()
         return _done([])
 
@@ -294,6 +316,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         """Give the group's slot back (``dist.destroy_process_group(pg)`` calls this)."""
         if self._slot is not None:
             self._arena.free.add(self._slot)
+            self._arena.live.discard(self.group)
             self._slot = None
         if hasattr(self.fallback, "shutdown"):
             self.fallback.shutdown()

@@ -28,15 +28,27 @@
    array, and the ``&`` gives an int32 mask. Triton 3.6's loads and atomics accept it; 3.9's refuse
    it ("mask has unsupported dtype"), and bf16 comparisons would be cast as bf16 bits. The
    simulator labels comparison results int1, as their type says.
+8. The interpreter patches ``triton.language`` process-wide for the length of a launch and puts it
+   back afterwards, so two threads launching at once (two groups' collectives side by side)
+   undid each other's patches: "Did you forget to add @triton.jit?" inside an ``InterpreterError``
+   five deep. A kernel waits on peers, so serializing the threads could deadlock across ranks;
+   the simulator refuses a launch while another thread's runs, with a ``TridentError`` saying so.
+9. A launch copies its arguments through a recursive local function that refers to itself, a
+   reference cycle holding a dict of every argument's storage: the heap stayed mapped after
+   ``ctx.close()`` until the garbage collector ran. The simulator copies them without the cycle.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import numpy as np
 
 _applied = False
+#: The thread whose kernel the interpreter runs now (fix-up 8), or None.
+_running: list = [None]
+_running_lock = threading.Lock()
 
 
 def _needs_index_fix() -> bool:
@@ -71,6 +83,8 @@ def apply() -> None:
         _widen_bf16_dot_operands(interpreter)
     with contextlib.suppress(AttributeError):
         _label_comparisons_int1(interpreter)
+    with contextlib.suppress(AttributeError):  # argument copies laid out differently: leave them alone
+        _copy_arguments_without_cycles(interpreter)
     try:
         _install_atomic_fallbacks(interpreter)
         needed = _needs_index_fix()
@@ -94,6 +108,16 @@ def _raise_trident_errors_unwrapped(interpreter) -> None:
     original = interpreter.GridExecutor.__call__
 
     def launch(self, *args, **kwargs):
+        me = threading.get_ident()
+        with _running_lock:
+            other, mine = _running[0], _running[0] == me  # mine: a launch inside this thread's own
+            if other is not None and not mine:
+                raise TridentError(
+                    f"the simulator cannot run kernels from two threads of one process at once (thread {me} "
+                    f"launched {getattr(self.fn, '__name__', self.fn)} while thread {other} runs one): Triton's "
+                    f"interpreter patches triton.language process-wide during a launch. Launch from one thread "
+                    f"at a time in the simulator (on a GPU, streams may overlap)")
+            _running[0] = me
         try:
             return original(self, *args, **kwargs)
         except Exception as exc:
@@ -103,6 +127,9 @@ def _raise_trident_errors_unwrapped(interpreter) -> None:
             if cause is None:
                 raise
             raise cause.with_traceback(cause.__traceback__) from None
+        finally:
+            if not mine:
+                _running[0] = None
 
     interpreter.GridExecutor.__call__ = launch
 
@@ -121,6 +148,52 @@ def _label_comparisons_int1(interpreter) -> None:
 
     for name in [n for n in vars(builder) if n.startswith(("create_icmp", "create_fcmp"))]:
         setattr(builder, name, labelled(getattr(builder, name)))
+def _copy_arguments_without_cycles(interpreter) -> None:
+    """Fix-up 9: ``GridExecutor._init_args_hst`` / ``_restore_args_dev`` as in Triton 3.6, with the
+    storages passed down explicitly instead of through a self-referencing closure."""
+    executor, descriptor = interpreter.GridExecutor, interpreter.TensorDescriptor
+    tuple_create, unwrap, rewrap = interpreter._tuple_create, interpreter._unwrap_tensor, interpreter._rewrap_tensor
+    executor._init_args_hst, executor._restore_args_dev  # noqa: B018 (both exist, or AttributeError: left alone)
+
+    def to_cpu(arg, storages):
+        if isinstance(arg, tuple):
+            return tuple_create(arg, [to_cpu(a, storages) for a in arg])
+        if isinstance(arg, descriptor):
+            return descriptor(to_cpu(arg.base, storages), arg.shape, arg.strides, arg.block_shape, arg.padding)
+        if not hasattr(arg, "data_ptr"):
+            return arg
+        t = unwrap(arg)
+        key = t.untyped_storage().data_ptr()
+        if key not in storages:
+            storages[key] = t.untyped_storage().cpu()
+        cpu = t.new_empty(0, device="cpu")
+        cpu.set_(storages[key], t.storage_offset(), t.size(), t.stride())
+        return rewrap(cpu, original_tensor=arg)
+
+    def from_cpu(dev, hst, storages):
+        if hasattr(dev, "data_ptr"):
+            dev, hst = unwrap(dev), unwrap(hst)
+            storages[dev.untyped_storage().data_ptr()] = (dev.untyped_storage(), hst.untyped_storage())
+        elif isinstance(dev, tuple):
+            for d, h in zip(dev, hst, strict=False):
+                from_cpu(d, h, storages)
+        elif isinstance(dev, descriptor):
+            from_cpu(dev.base, hst.base, storages)
+
+    def init_args_hst(self, args_dev, kwargs):
+        storages = {}
+        return [to_cpu(a, storages) for a in args_dev], {k: to_cpu(v, storages) for k, v in kwargs.items()}
+
+    def restore_args_dev(self, args_dev, args_hst, kwargs, kwargs_hst):
+        storages = {}
+        for dev, hst in zip(args_dev, args_hst, strict=False):
+            from_cpu(dev, hst, storages)
+        for key, dev in kwargs.items():
+            from_cpu(dev, kwargs_hst[key], storages)
+        for dev, hst in storages.values():
+            dev.copy_(hst)
+
+    executor._init_args_hst, executor._restore_args_dev = init_args_hst, restore_args_dev
 
 
 def _run_compiled_mode_functions_interpreted(interpreter) -> None:

@@ -20,7 +20,7 @@ from ..errors import (
     RankTimeoutError,
 )
 from ..faults import fault_error
-from . import groups, pickling
+from . import group_life, groups, pickling
 from .allocator import SymmetricAllocator
 from .control import ControlBlock
 from .heap import SymmetricHeapMixin
@@ -144,7 +144,6 @@ class Context(SymmetricHeapMixin):
             self._heaps = self._backend.open_peers([h if topo.reachable(r) else None
                                                     for r, (_, h, _, _) in enumerate(exchanged)])
             self._heap = self._heaps[self.rank]
-            self.heap_range = (self._heap.data_ptr(), self._heap.data_ptr() + heap_size)  # for trident.calls
             bases = [0 if h is None else h.data_ptr() for h in self._heaps]
             misaligned = [r for r, b in enumerate(bases) if b % layout.BASE_ALIGN]
             if misaligned:
@@ -269,7 +268,6 @@ class Context(SymmetricHeapMixin):
             listing = "; ".join(f"rank {r}: {v}" for r, v in enumerate(everyone))
             raise DivergenceError(f"rank {self.rank}: ranks called collectives with different arguments: {listing}")
 
-    # -- settings ----------------------------------------------------------------------------
     @property
     def debug(self) -> bool:
         """Whether the device debug mode (``TRIDENT_DEBUG=1`` at import) is on."""
@@ -335,14 +333,16 @@ class Context(SymmetricHeapMixin):
             self._compare_digests(f"allocation check ({what})")
 
     def new_group(self, ranks, workspace_bytes: int = groups.DEFAULT_WORKSPACE_BYTES):
-        """A group of ``ranks`` (collective over the world; None elsewhere): :func:`groups.new_group`."""
-        self._check_open()
-        return groups.new_group(self, ranks, workspace_bytes)
+        """A group of ``ranks`` (collective over the world; None elsewhere): :func:`group_life.new_group`."""
+        return group_life.new_group(self, ranks, workspace_bytes)
+
+    def destroy_group(self, group) -> None:
+        """End a group, freeing its region (collective; None off it): :func:`group_life.destroy_group`."""
+        group_life.destroy_group(self, group)
 
     def groups_from_mesh(self, mesh, dim, workspace_bytes: int = groups.DEFAULT_WORKSPACE_BYTES):
-        """This rank's group along a DeviceMesh dimension (collective): :func:`groups.groups_from_mesh`."""
-        self._check_open()
-        return groups.groups_from_mesh(self, mesh, dim, workspace_bytes)
+        """This rank's group along a DeviceMesh dimension (collective): :func:`group_life.groups_from_mesh`."""
+        return group_life.groups_from_mesh(self, mesh, dim, workspace_bytes)
 
     def device_barrier(self) -> None:
         """A barrier done by a kernel on the device (collective), usable inside CUDA-graph capture.

@@ -17,6 +17,10 @@ several can run at once on different streams.
 Contexts and groups are also found by name (``ctx.group_name``, ``g.group_name``, the same on
 every rank): how ``torch.ops.trident.*`` name their group.
 
+Making and destroying groups (``ctx.new_group``, ``ctx.destroy_group``), and what ends them
+(``ctx.close()``, the end of the ``ctx.heap_scope()`` a group was made in), are in
+:mod:`trident.runtime.group_life`. An ended group refuses every later use.
+
 Example::
 
     tp = ctx.new_group([0, 1]) if ctx.rank < 2 else None   # wrong: every rank must call it
@@ -27,13 +31,14 @@ Example::
 
 from __future__ import annotations
 
+import pickle
 import weakref
 
 import torch
 
 from .. import layout
 from ..calls.cache import CallCache
-from ..errors import HeapExhaustedError, TopologyError
+from ..errors import ContextClosedError, DivergenceError, HeapExhaustedError, TopologyError, TridentError
 from .allocator import SymmetricAllocator
 from .resources import Resources
 
@@ -103,6 +108,31 @@ class Group:
         self._resources = Resources()
         self.call_cache = CallCache(self._resources)  # the recorded calls of this group (trident.calls)
         self.heap_range = ctx.heap_range
+        self.region_offset = region_offset
+        self._released: str | None = None  # why the group can no longer be used (see _release)
+        self._exchange = None  # the members' host-side all-gather (made on first use)
+
+    def who(self, group_rank: int | None = None) -> str:
+        """A member named in an error: its world rank, with its group rank beside it."""
+        group_rank = self.rank if group_rank is None else group_rank
+        return f"rank {self.ranks[group_rank]} (group rank {group_rank} of {list(self.ranks)})"
+
+    def _check_usable(self, what: str = "use") -> None:
+        """Raise unless the group may run work: its context is open and the group was not released."""
+        if self.ctx._closed:
+            raise ContextClosedError(f"rank {self.ctx.rank}: group {self.group_name} ({list(self.ranks)}): cannot "
+                                     f"{what}: its trident context is closed; make a new context and group")
+        if self._released is not None:
+            raise TridentError(f"rank {self.ctx.rank}: group {self.group_name} ({list(self.ranks)}): cannot {what}: "
+                               f"{self._released}. Make a new group (ctx.new_group) for further work")
+
+    def _release(self, why: str) -> None:
+        """Let go of the region and the workspace at once (no cycle left for the garbage collector:
+        the workspace refers back to the group) and refuse every later use, saying ``why``."""
+        if self._released is None:
+            self._released = why
+        self._resources.clear()
+        self._region = self._barrier = self._exchange = None
 
     def __repr__(self) -> str:
         return f"Group({self.group_name!r}, ranks={list(self.ranks)}, rank={self.rank})"
@@ -114,7 +144,7 @@ class Group:
 
     @property
     def _closed(self) -> bool:
-        return self.ctx._closed
+        return self.ctx._closed or self._released is not None
 
     def heap_offset(self, tensor) -> int:
         """A heap tensor's offset (the same as the world's)."""
@@ -129,20 +159,23 @@ class Group:
 
     def resource(self, key: str, factory):
         """The group's own per-key state (its collective workspace), made on first use."""
-        self.ctx._check_open()
+        self._check_usable("run a collective")
         return self._resources.get(key, factory)
 
     def empty(self, numel: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
         """``numel`` elements in the group's region (collective over the members)."""
+        self._check_usable("allocate")
         nbytes = numel * dtype.itemsize
         try:
             block = self._allocator.allocate(nbytes, f"group {self.group_name} buffer of {nbytes} bytes")
         except HeapExhaustedError:
             raise HeapExhaustedError(
-                f"rank {self.ctx.rank}: group {self.group_name}: its heap region of {self._region.numel()} bytes "
+                f"{self.who()}: group {self.group_name}: its heap region of {self._region.numel()} bytes "
                 f"cannot hold another {nbytes} bytes; make the group with "
                 f"ctx.new_group(ranks, workspace_bytes=...) larger (a collective on N bytes needs about 2N)"
             ) from None
+        if self.ctx.debug:
+            self._compare_digests(f"allocation check (g.empty of {nbytes} bytes)")
         return self.ctx._heap[block.offset:block.offset + nbytes].view(dtype)
 
     def zeros(self, numel: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
@@ -151,19 +184,59 @@ class Group:
 
     def free(self, *tensors: torch.Tensor) -> None:
         """Return tensors made by :meth:`empty` / :meth:`zeros` to the region."""
+        self._check_usable("free")
         for t in tensors:
-            self._allocator.free(self.ctx.heap_offset(t))
+            offset = self.ctx.heap_offset(t)
+            if self._allocator.block_at(offset) is None:
+                a = self._allocator
+                where = ("it was freed already, or is a view that does not start where its allocation starts"
+                         if a.start <= offset < a.end else
+                         f"it is not in the group's region (heap offsets {a.start:#x} .. {a.end:#x}): free tensors "
+                         f"made by ctx.zeros/empty with ctx.free")
+                raise ValueError(f"{self.who()}: g.free: no allocation of group {self.group_name} starts at heap "
+                                 f"offset {offset:#x} ({where})")
+            self._allocator.free(offset)
+            if self.ctx.debug:
+                self._compare_digests(f"allocation check (g.free at {offset:#x})")
 
     def device_barrier(self) -> None:
         """A device barrier of the members only (on the group's own barrier words)."""
+        self._check_usable("run a device barrier")
         from ..kernels.barrier import launch_group_barrier
 
         launch_group_barrier(self._barrier, self.heap_bases, self.rank, self.world_size)
 
     def barrier(self) -> None:
-        """Wait for this rank's device work, then for every member."""
+        """Wait for this rank's device work, then for every member (collective over the members).
+
+        Also raises this rank's device faults, and a :class:`DivergenceError` when the members'
+        allocations in the group's region (``g.empty``/``g.zeros``/``g.free``) have gone out of step.
+        """
         self.device_barrier()
         self.ctx.check()
+        self._compare_digests("g.barrier()")
+
+    def all_gather_object(self, what: str, value) -> list:
+        """Every member's picklable ``value``, in group order (host-side, through the store; members only)."""
+        self._check_usable(what)
+        if self._exchange is None:
+            from .rendezvous import Rendezvous
+
+            r = self.ctx._rendezvous
+            self._exchange = Rendezvous(r.store, f"{self.group_name}/", self.rank, self.world_size, r.timeout)
+            self._exchange.watch(r._watchdog)
+        return [pickle.loads(v) for v in self._exchange.all_gather(f"{what} in group {self.group_name}",
+                                                                   pickle.dumps(value))]
+
+    def _compare_digests(self, what: str) -> None:
+        a = self._allocator
+        states = self.all_gather_object(what, f"{a.digest} after {a.ops} operations (last: {a.last_op})")
+        if len(set(s.split(" ", 1)[0] for s in states)) > 1:
+            listing = "; ".join(f"{self.who(i)}: {s}" for i, s in enumerate(states))
+            raise DivergenceError(
+                f"{self.who()}: group {self.group_name}: the members' allocations in the group's region are out of "
+                f"step at {what} (every member must make and free the same g.empty/g.zeros tensors in the same "
+                f"order): {listing}")
 
 
 def team(ctx, group):
@@ -179,44 +252,8 @@ def team(ctx, group):
     if not isinstance(group, Group) or group.ctx is not getattr(ctx, "ctx", ctx):
         raise ValueError(f"rank {ctx.rank}: group={group!r} is not a group of this context: make it with "
                          f"ctx.new_group(ranks), and pass it on its member ranks only")
+    group._check_usable("run a collective")  # closed, destroyed, or freed by the heap_scope it was made in
     return group
-
-
-def new_group(ctx, ranks, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> Group | None:
-    """A group of ``ranks`` (collective over the whole world); None on ranks outside it.
-
-    Args:
-        ctx: the world's context.
-        ranks: world ranks, any subset in any order (group rank i is ``ranks[i]``); the same on every rank.
-        workspace_bytes: the group's heap region (its collectives' buffers live there), reserved on
-            every rank of the world.
-
-    Example::
-
-        pairs = [ctx.new_group([0, 1]), ctx.new_group([2, 3])]   # every rank makes both
-        mine = next(g for g in pairs if g is not None)
-    """
-    ranks = tuple(int(r) for r in ranks)
-    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < ctx.world_size for r in ranks):
-        raise ValueError(f"rank {ctx.rank}: new_group: ranks={list(ranks)} must be distinct ranks of the world "
-                         f"(0 .. {ctx.world_size - 1}), at least one")
-    if len({ctx.topology.node_of(r) for r in ranks}) > 1:  # the same on every rank: nobody is left waiting
-        raise TopologyError(f"rank {ctx.rank}: new_group: ranks={list(ranks)} span nodes ({ctx.topology.describe()}); "
-                            f"a trident group maps its members' heaps, so it lives in one node. Use the world "
-                            f"(hierarchical across nodes) or a torch.distributed group (docs/multi-node.md)")
-    everyone = ctx.all_gather_object("new_group", (ranks, workspace_bytes))
-    if len(set(everyone)) > 1:
-        listing = "; ".join(f"rank {r}: {v}" for r, v in enumerate(everyone))
-        raise ValueError(f"rank {ctx.rank}: new_group: every rank must pass the same ranks and workspace_bytes "
-                         f"(it is collective over the world): {listing}")
-    count = ctx.resource("groups.count", lambda: [0])
-    count[0] += 1
-    buffers = -(-int(workspace_bytes) // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN
-    region = ctx.zeros(_BARRIER_BYTES + buffers, dtype=torch.uint8)
-    ctx.barrier()  # every rank zeroed its region before any member signals into it
-    if ctx.rank not in ranks:
-        return None
-    return Group(ctx, ranks, region, ctx.heap_offset(region), f"{ctx.group_name}-g{count[0]}")
 
 
 def region_bytes(workspace_bytes: int) -> int:
@@ -250,6 +287,11 @@ class TorchGroupSlots:
         self.offset = heap_size - (total if self.count else 0)
         self.arena = None
 
+    def resource_ended(self) -> None:
+        """The context closed: the torch groups in the slots let go of them at once."""
+        if self.arena is not None:
+            self.arena.resource_ended()
+
 
 def group_in_region(ctx, ranks, region: torch.Tensor, name: str) -> Group:
     """A group of ``ranks`` over a heap region reserved earlier (no world collective): for groups
@@ -276,36 +318,3 @@ def group_in_region(ctx, ranks, region: torch.Tensor, name: str) -> Group:
 def clear_region(region: torch.Tensor) -> None:
     """Zero a group region's barrier words (before a new group uses a region an earlier one had)."""
     region[:_BARRIER_BYTES].zero_()
-
-
-def groups_from_mesh(ctx, mesh, dim, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> Group | None:
-    """This rank's group along dimension ``dim`` of a ``torch.distributed.device_mesh.DeviceMesh``
-    (collective over the whole world: every group of that dimension is made, in mesh order).
-
-    Args:
-        ctx: the world's context.
-        mesh: the DeviceMesh (its ``mesh`` tensor of world ranks is all that is read).
-        dim: the dimension, by index or by name (``mesh.mesh_dim_names``).
-        workspace_bytes: each group's heap region (see :func:`new_group`).
-
-    Example::
-
-        mesh = DeviceMesh("cuda", torch.arange(8).view(2, 4), mesh_dim_names=("dp", "tp"))
-        tp = ctx.groups_from_mesh(mesh, "tp")     # ranks 0-3 or 4-7
-    """
-    if isinstance(dim, str):
-        names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
-        if dim not in names:
-            raise ValueError(f"rank {ctx.rank}: groups_from_mesh: the mesh has no dimension named {dim!r} "
-                             f"(its names: {names})")
-        dim = names.index(dim)
-    ranks = torch.as_tensor(mesh.mesh).cpu()
-    if not -ranks.dim() <= dim < ranks.dim():
-        raise ValueError(f"rank {ctx.rank}: groups_from_mesh: dim={dim} is not a dimension of a "
-                         f"{ranks.dim()}-D mesh")
-    rows = ranks.movedim(dim, -1).reshape(-1, ranks.shape[dim]).tolist()
-    mine = None
-    for row in rows:
-        group = new_group(ctx, row, workspace_bytes)
-        mine = group if group is not None else mine
-    return mine

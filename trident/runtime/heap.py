@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -148,6 +149,11 @@ class SymmetricHeapMixin(TensorFactory):
             "largest_free_block": a.largest_free_block, "peak_allocated_bytes": a.peak,
             "num_allocations": len(a.live_blocks()),
         }
+
+    @functools.cached_property
+    def heap_range(self) -> tuple[int, int]:
+        """``(lo, hi)``: this rank's heap addresses (what the call cache asks, :mod:`trident.calls`)."""
+        return self._heap.data_ptr(), self._heap.data_ptr() + self.heap_size
 
     def is_symmetric(self, tensor) -> bool:
         """True when every byte of ``tensor`` lies in this rank's symmetric heap.

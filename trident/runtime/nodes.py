@@ -29,7 +29,8 @@ import torch.distributed as dist
 from .. import layout
 from ..calls.cache import CallCache
 from ..errors import TopologyError
-from .groups import Group, new_group
+from .group_life import new_group
+from .groups import Group
 
 
 def node_key(rank: int, world_size: int) -> tuple:

@@ -3,7 +3,8 @@
 Collectives and fused ops keep state on the symmetric heap between calls (sync slots, staging
 buffers, tile flags). :class:`Resources` is where a context keeps it: ``ctx.resource(key, factory)``
 makes it on first use (collectively: every rank makes it in the same call), ``ctx.heap_scope()``
-drops what was made inside the scope, and ``ctx.close()`` drops everything.
+drops what was made inside the scope, and ``ctx.close()`` drops everything; a dropped resource
+with a ``resource_ended()`` method is told (a group then refuses further use).
 
 :class:`GrowingBuffer` is the one way such state grows: it never leaves a reference to freed
 memory behind, even when the heap runs out while it grows.
@@ -54,14 +55,28 @@ class Resources:
 
     def drop_after(self, mark: int) -> None:
         """Forget the resources made after :meth:`mark` returned ``mark``."""
+        dropped = []
         for key in list(self._items)[mark:]:
-            del self._items[key]
+            dropped.append(self._items.pop(key))
             self.generation += 1
+        _ended(dropped)
 
     def clear(self) -> None:
         """Forget every resource (at ``ctx.close()``)."""
+        dropped = list(self._items.values())
         self._items.clear()
         self.generation += 1
+        _ended(dropped)
+
+
+def _ended(resources: list) -> None:
+    """Tell dropped resources that have a ``resource_ended()`` method (a group's record, the torch
+    groups' slots) that their heap memory is gone, so that what uses it refuses further work (and
+    lets go of it now, not when the garbage collector gets to a cycle)."""
+    for resource in resources:
+        ended = getattr(resource, "resource_ended", None)
+        if callable(ended):
+            ended()
 
 
 class GrowingBuffer:
