@@ -79,11 +79,13 @@ class CallCache:
             team.call_cache.put(key, entry, generation)
     """
 
-    __slots__ = ("_resources", "_generation", "_entries", "max_entries")
+    __slots__ = ("_resources", "_generation", "_entries", "max_entries", "__weakref__")
 
     def __init__(self, resources=None, max_entries: int = MAX_ENTRIES):
         self._resources = resources
         self._generation = self.generation
+        if resources is not None:
+            resources.caches.add(self)  # cleared at once when the memory moves (Resources.moved)
         self._entries: dict = {}
         self.max_entries = max_entries
 

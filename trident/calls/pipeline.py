@@ -75,7 +75,8 @@ def run_call(team, op: Op, tensors: tuple, options: tuple = ()):
                 f"rank {team.rank}: trident {op.name} does not run across nodes (this job: "
                 f"{team.topology.describe()}): run it inside a node, with group=ctx.new_group(ranks) for the "
                 f"ranks of one node (docs/multi-node.md)")
-        _check(team, op, tensors, options)
+        if not getattr(op.across_nodes, "refuses", False):  # a refusal says so before any check
+            _check(team, op, tensors, options)
         return op.across_nodes(team, tensors, options)
     cache = team.call_cache
     key = None

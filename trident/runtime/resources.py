@@ -30,14 +30,22 @@ class Resources:
 
     ``generation`` counts the times heap memory behind them may have moved (a
     :class:`GrowingBuffer` reallocated, resources dropped): a recorded call that launches on
-    their addresses (:mod:`trident.kernels.prepared`) is replayed only in the generation it was
+    their addresses (:mod:`trident.calls`) is replayed only in the generation it was
     recorded in.
     """
 
     def __init__(self):
         self._items: dict[str, object] = {}
         self.generation = 0
+        self.caches: weakref.WeakSet = weakref.WeakSet()  # the call caches whose recordings use this memory
         self.buffers: weakref.WeakSet[GrowingBuffer] = weakref.WeakSet()  # every GrowingBuffer of the context
+
+    def moved(self) -> None:
+        """Heap memory behind the resources may have moved: a new generation, and every call cache
+        that recorded launches on them forgets them now (a recording holds no freed memory)."""
+        self.generation += 1
+        for cache in list(self.caches):
+            cache.clear()
 
     def get(self, key: str, factory: Callable[[], object]) -> object:
         """The resource under ``key``, made by ``factory()`` on first use."""
@@ -58,14 +66,14 @@ class Resources:
         dropped = []
         for key in list(self._items)[mark:]:
             dropped.append(self._items.pop(key))
-            self.generation += 1
+            self.moved()
         _ended(dropped)
 
     def clear(self) -> None:
         """Forget every resource (at ``ctx.close()``)."""
         dropped = list(self._items.values())
         self._items.clear()
-        self.generation += 1
+        self.moved()
         _ended(dropped)
 
 
@@ -119,7 +127,7 @@ class GrowingBuffer:
             if self.tensor is not None:
                 self.ctx.device_barrier()  # no rank's earlier kernel still uses the old buffer
                 old, self.tensor = self.tensor, None  # gone before freed: nothing points at freed memory
-                self.ctx._resources.generation += 1  # nor a recorded call (trident.kernels.prepared)
+                self.ctx._resources.moved()  # nor a recorded call (trident.calls)
                 self.ctx.free(old)
             size = 1 << (nbytes - 1).bit_length()
             fresh = self.ctx.zeros(size, dtype=torch.uint8) if self.zeroed else self.ctx.empty(size, dtype=torch.uint8)
@@ -133,7 +141,7 @@ class GrowingBuffer:
         next call allocates afresh."""
         if self.tensor is not None:
             self.tensor = None
-            self.ctx._resources.generation += 1
+            self.ctx._resources.moved()
 
     def view(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """Exactly ``numel`` elements of ``dtype`` (flat) at the start of the buffer."""
