@@ -26,7 +26,7 @@ from trident import ccl
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32]
 DTYPES = FLOATS + [torch.int32, torch.int64]
-ALGORITHMS = ["one_shot", "two_shot", "auto"]
+ALGORITHMS = list(ccl.ALGORITHMS)  # the table's rows and "auto"
 OPS = ["sum", "max", "min"]
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 PLACES = ["heap", "plain", "mixed"]  # mixed: inputs on the heap, outputs plain torch tensors

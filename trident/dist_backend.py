@@ -191,7 +191,8 @@ class TridentProcessGroup(dist.ProcessGroup):
 
     Made by ``dist.new_group(ranks, backend="trident")`` (see the module's docstring); ``group``
     is the trident group (``trident.ccl.all_reduce(ctx, t, group=pg.group)`` calls it directly);
-    ``counts`` says how many calls ran on trident and how many on the fallback.
+    ``counts`` says how many calls ran on trident and how many on the fallback; ``algorithm`` picks
+    the all-reduce algorithm (a row of ``trident.ccl.ALL_REDUCE_ALGORITHMS``, or "auto").
     """
 
     def __init__(self, arena: _Arena, slot: int, ranks, group_id: str, fallback, rank: int, size: int):
@@ -201,6 +202,9 @@ class TridentProcessGroup(dist.ProcessGroup):
         arena.live.add(self.group)
         self._limit, self._device = arena.group_bytes // 4, arena.ctx.device
         self.counts = {"trident": 0, "fallback": 0}
+        #: The all-reduce algorithm of ``dist.all_reduce`` on this group: a row of
+        #: ``trident.ccl.ALL_REDUCE_ALGORITHMS`` or "auto" (torch's API has no way to pass one).
+        self.algorithm = "auto"
         self._spare: _Done | None = None
         # The fallback is the group's torch backend too: torch reads the group's name from it, and
         # ops reaching the group through torch's dispatcher (not overridden here) run on it.
@@ -258,7 +262,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         """``dist.all_reduce``: sum, max or min of one tensor on trident; anything else falls back."""
         op = "sum" if opts is None else _OP_NAMES.get(opts.reduceOp.op)
         if op is not None and len(tensors) == 1 and tensors[0].dtype in _REDUCIBLE and self._ours(tensors[0]):
-            ccl.all_reduce(self.ctx, tensors[0], op=op, group=self.group)
+            ccl.all_reduce(self.ctx, tensors[0], op=op, algorithm=self.algorithm, group=self.group)
             self.counts["trident"] += 1
             return self._completed(tensors)
         return self._fall("allreduce", tensors, opts=opts)

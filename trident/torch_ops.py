@@ -48,8 +48,8 @@ from .runtime.groups import resolve, team
 
 #: Every op's schema (torch's operator language), in the order they are registered.
 SCHEMAS = {
-    "all_reduce": "all_reduce(Tensor t, str op, str group) -> Tensor",
-    "all_reduce_": "all_reduce_(Tensor(a!) t, str op, str group) -> ()",
+    "all_reduce": 'all_reduce(Tensor t, str op, str group, str algorithm="auto") -> Tensor',
+    "all_reduce_": 'all_reduce_(Tensor(a!) t, str op, str group, str algorithm="auto") -> ()',
     "all_gather": "all_gather(Tensor t, str group) -> Tensor",
     "reduce_scatter": "reduce_scatter(Tensor t, str op, str group) -> Tensor",
     "all_to_all": "all_to_all(Tensor t, str group) -> Tensor",
@@ -111,22 +111,28 @@ def _world(group: str) -> int:
 
 # -- collectives ------------------------------------------------------------------------------------
 
-def all_reduce(t: torch.Tensor, op: str, group: str) -> torch.Tensor:
+def all_reduce(t: torch.Tensor, op: str, group: str, algorithm: str = "auto") -> torch.Tensor:
     """``t`` reduced over the group's ranks with ``op`` ("sum", "max", "min"), as a new tensor (the
-    kernel reads ``t`` and writes the result: no staging copy)."""
+    kernel reads ``t`` and writes the result: no staging copy); ``algorithm`` is a row of
+    ``trident.ccl.ALL_REDUCE_ALGORITHMS`` or "auto"."""
     ctx, g = resolve(group)
     out = torch.empty_like(t, memory_format=torch.contiguous_format)
-    return ccl.all_reduce(ctx, t.contiguous(), op=op, group=g, out=out)
+    return ccl.all_reduce(ctx, t.contiguous(), op=op, algorithm=algorithm, group=g, out=out)
 
 
-def all_reduce_(t: torch.Tensor, op: str, group: str) -> None:
+def all_reduce_(t: torch.Tensor, op: str, group: str, algorithm: str = "auto") -> None:
     """``t`` reduced over the group's ranks in place (``t`` contiguous; on the heap it is not staged)."""
     ctx, g = resolve(group)
-    ccl.all_reduce(ctx, t, op=op, group=g)
+    ccl.all_reduce(ctx, t, op=op, algorithm=algorithm, group=g)
+
+
+@_fake("all_reduce_")
+def _(t, op, group, algorithm="auto"):
+    return None
 
 
 @_fake("all_reduce")
-def _(t, op, group):
+def _(t, op, group, algorithm="auto"):
     return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 

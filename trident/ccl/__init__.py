@@ -8,6 +8,7 @@ Host level: ``all_gather``, ``all_reduce``, ``reduce_scatter``, ``all_to_all``, 
 from . import device
 from .api import (
            ALGORITHMS,
+           ALL_REDUCE_ALGORITHMS,
            ONE_SHOT_MAX_BYTES,
            all_gather,
            all_reduce,
@@ -18,4 +19,4 @@ from .api import (
 )
 
 __all__ = ["all_gather", "all_reduce", "reduce_scatter", "all_to_all", "all_to_all_v", "broadcast", "device",
-           "ALGORITHMS", "ONE_SHOT_MAX_BYTES"]
+           "ALGORITHMS", "ALL_REDUCE_ALGORITHMS", "ONE_SHOT_MAX_BYTES"]

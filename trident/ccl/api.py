@@ -21,8 +21,7 @@ import torch
 from ..calls import run_call
 from ..runtime.groups import team
 from . import collectives, hierarchical
-from .checks import ALGORITHMS
-from .collectives import INPUT_STAGE, ONE_SHOT_MAX_BYTES, input_stage
+from .collectives import ALGORITHMS, ALL_REDUCE_ALGORITHMS, INPUT_STAGE, ONE_SHOT_MAX_BYTES, input_stage
 
 _ACROSS_NODES = {"all_gather": hierarchical.all_gather, "reduce_scatter": hierarchical.reduce_scatter,
                  "all_reduce": hierarchical.all_reduce, "all_to_all": hierarchical.all_to_all,
@@ -31,8 +30,8 @@ _ACROSS_NODES = {"all_gather": hierarchical.all_gather, "reduce_scatter": hierar
 OPS = {name: dataclasses.replace(op, across_nodes=_ACROSS_NODES[name])
        for name, op in collectives.COLLECTIVES.items()}
 
-__all__ = ["ALGORITHMS", "INPUT_STAGE", "ONE_SHOT_MAX_BYTES", "OPS", "all_gather", "all_reduce", "all_to_all",
-           "all_to_all_v", "broadcast", "input_stage", "reduce_scatter"]
+__all__ = ["ALGORITHMS", "ALL_REDUCE_ALGORITHMS", "INPUT_STAGE", "ONE_SHOT_MAX_BYTES", "OPS", "all_gather",
+           "all_reduce", "all_to_all", "all_to_all_v", "broadcast", "input_stage", "reduce_scatter"]
 
 
 def all_gather(ctx, out: torch.Tensor, inp: torch.Tensor, group=None) -> torch.Tensor:

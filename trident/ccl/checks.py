@@ -8,7 +8,6 @@ import triton.language as tl
 
 OPS = {"sum": "sum", "max": "max", "min": "min"}
 _REDUCE_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min"}
-ALGORITHMS = ("one_shot", "two_shot", "auto")
 #: Dtypes the reductions take, and what they accumulate in (fp16 and bf16 in fp32).
 ACCUMULATE = {torch.float16: tl.float32, torch.bfloat16: tl.float32, torch.float32: tl.float32,
               torch.float64: tl.float64, torch.int64: tl.int64, torch.int32: tl.int32, torch.int16: tl.int32,

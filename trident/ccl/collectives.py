@@ -9,7 +9,9 @@ across-nodes versions. Operands are given in a fixed order (outputs first, excep
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 
 import torch
 import triton
@@ -18,7 +20,6 @@ from ..calls import Op
 from ..errors import NotSymmetricError
 from . import kernels
 from .checks import (
-    ALGORITHMS,
     acc_dtype,
     check_equal_chunks,
     check_rows,
@@ -140,30 +141,65 @@ def _check_all_reduce(team, tensors, options) -> None:
         check_separate(team, "all_reduce", out, inp)
     op_name(team, options[0])
     acc_dtype(team, inp.dtype, "all_reduce")
-    if options[1] not in ALGORITHMS:
+    if options[1] not in ALGORITHMS:  # the table's rows and "auto"
         raise ValueError(f"rank {team.rank}: all_reduce: algorithm={options[1]!r} is not one of {ALGORITHMS}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """One all-reduce algorithm: a row of :data:`ALL_REDUCE_ALGORITHMS`.
+
+    Attributes:
+        name: what ``algorithm=`` takes.
+        kernel: its ``@triton.jit`` kernel.
+        work_items: ``work_items(n, world_size)``: the elements one program index covers on every
+            rank (the grid is sized from it).
+        extra: ``extra(n, world_size)``: the kernel's arguments after ``n`` (two_shot: its chunk).
+        scratch: ``scratch(n)``: elements of the workspace's scratch buffer it needs.
+        auto_max_bytes: the largest message ``auto`` gives it (None: any size); ``auto`` takes the
+            first row of the table whose limit the message is within.
+    """
+
+    name: str
+    kernel: object
+    work_items: Callable[[int, int], int]
+    extra: Callable[[int, int], tuple]
+    scratch: Callable[[int], int]
+    auto_max_bytes: int | None
+
+
+#: The all-reduce algorithms, in the order ``auto`` considers them (docs/collectives.md): every
+#: entry (the public API, ``torch.ops.trident.all_reduce``, the dist backend, tests, benchmarks)
+#: reads this table.
+ALL_REDUCE_ALGORITHMS = {a.name: a for a in (
+    Algorithm("one_shot", kernels.all_reduce_one_shot_kernel, lambda n, w: n, lambda n, w: (), lambda n: n,
+              ONE_SHOT_MAX_BYTES),
+    Algorithm("two_shot", kernels.all_reduce_two_shot_kernel, lambda n, w: triton.cdiv(n, w),
+              lambda n, w: (triton.cdiv(n, w),), lambda n: n, None),
+)}
+#: What ``algorithm=`` takes: the table's rows, and "auto".
+ALGORITHMS = (*ALL_REDUCE_ALGORITHMS, "auto")
+
+
 def algorithm_for(nbytes: int, algorithm: str) -> str:
-    """The all_reduce kernel ``algorithm`` runs for ``nbytes`` ("auto": one_shot up to
-    :data:`ONE_SHOT_MAX_BYTES`, two_shot above)."""
+    """The all_reduce algorithm ``algorithm`` runs for ``nbytes`` ("auto": the first row of
+    :data:`ALL_REDUCE_ALGORITHMS` whose ``auto_max_bytes`` the message is within)."""
     if algorithm != "auto":
         return algorithm
-    return "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES else "two_shot"
+    return next(a.name for a in ALL_REDUCE_ALGORITHMS.values()
+                if a.auto_max_bytes is None or nbytes <= a.auto_max_bytes)
 
 
 def _run_all_reduce(team, rec, tensors, options) -> None:
     inp, out = tensors
     n = inp.numel()
+    row = ALL_REDUCE_ALGORITHMS[algorithm_for(n * inp.element_size(), options[1])]
     x = _on_heap(team, rec, inp, copy_in=False)  # staged inside the kernel
-    scratch = workspace(team).buffer("scratch", n, inp.dtype)
+    scratch = workspace(team).buffer("scratch", row.scratch(n), inp.dtype)
     meta = {"OP": op_name(team, options[0]), "ACC": acc_dtype(team, inp.dtype, "all_reduce"),
             "STAGE": x is not inp, "BLOCK": _block(team, n)}
-    if algorithm_for(n * inp.element_size(), options[1]) == "one_shot":
-        _launch(team, rec, kernels.all_reduce_one_shot_kernel, n, inp, x, scratch, out, n, **meta)
-    else:
-        chunk = triton.cdiv(n, team.world_size)
-        _launch(team, rec, kernels.all_reduce_two_shot_kernel, chunk, inp, x, scratch, out, n, chunk, **meta)
+    w = team.world_size
+    _launch(team, rec, row.kernel, row.work_items(n, w), inp, x, scratch, out, n, *row.extra(n, w), **meta)
 
 
 ALL_REDUCE = Op("all_reduce", _check_all_reduce, _run_all_reduce,
