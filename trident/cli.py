@@ -18,6 +18,7 @@ import subprocess
 import sys
 from typing import NamedTuple
 
+from . import config
 from .runtime.launcher import DEFAULT_GRACE, run
 
 __all__ = ["BENCHMARKS", "Bench", "info", "main", "run", "split_run_argv"]
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         # The benchmark records the command the user typed (its ranks only see `python -m module`).
         "TRIDENT_BENCH_COMMAND": " ".join(["trident", "bench", ns.name, "-n", str(nproc),
                                            *(["--mps"] if ns.mps else []), *ns.args]),
-        "NCCL_NVLS_ENABLE": "0",  # never NVLink multicast (see trident/bench/harness.py)
+        **config.NO_MULTICAST_ENV,  # never NVLink multicast (trident/config.py)
     }
     return run(nproc, [sys.executable, "-m", bench.module, *bench.args, *ns.args], env=env, mps=ns.mps)
 

@@ -62,6 +62,8 @@ elif _env_flag("TRITON_INTERPRET"):
 
 # NVLink multicast (NVLS) can take a shared host's GPUs out of service; trident never uses it, and
 # NCCL groups that trident's processes create (for the baselines, or by the user) keep it off too.
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+# This is the one place that says how: NO_MULTICAST_ENV (the launcher, the benchmarks and the GPU
+# suites pass it to their processes).
+NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+for _name, _value in NO_MULTICAST_ENV.items():
+    os.environ.setdefault(_name, _value)

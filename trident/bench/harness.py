@@ -31,12 +31,13 @@ from typing import NamedTuple
 
 import torch
 
+from .. import config
 from ..platform import SIMULATOR
 
 # NVLink multicast (NVLS) must never be used on the shared multi-GPU hosts (it can take a host's
 # GPUs out of service): the NCCL reference lines run with it off. NCCL reads this when its first
 # communicator is made, which is after a benchmark module (and so this one) is imported.
-os.environ["NCCL_NVLS_ENABLE"] = "0"
+os.environ.update(config.NO_MULTICAST_ENV)
 
 SCHEMA = "trident-bench/1"
 SHARED_NOTE = ("ranks share a GPU or run in the simulator: a correctness and harness run, "

@@ -35,6 +35,8 @@ import subprocess
 import sys
 import time
 
+from .. import config
+
 #: The repository: steps name tests/, examples/ and benchmarks/ relative to it.
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCHEMA = "trident-suite/1"
@@ -164,8 +166,8 @@ def _now() -> str:
 def _environment(step: Step) -> dict[str, str]:
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else ""), "PYTHONUNBUFFERED": "1",
-            # Never NVLink multicast on the shared GPU hosts (see trident/bench/harness.py).
-            "NCCL_NVLS_ENABLE": "0", **dict(step.env)}
+            # Never NVLink multicast on the shared GPU hosts (trident/config.py).
+            **config.NO_MULTICAST_ENV, **dict(step.env)}
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -38,7 +38,6 @@ from . import multinode
 from .fused_call import FusedCall, OpSpec, comm_span, fused_op
 from .gemm_reduce import GPU_COMM_PROGRAMS, check_partial_product_args, partial_product, push_and_sum, push_then_sum
 from .matmul import MatmulConfig
-from .torch_baselines import no_multicast
 
 #: ``auto``'s measured choices (docs/tensor-parallel-ops.md). Empty until several-GPU runs are
 #: recorded: ``auto`` runs ``baseline`` (``fused_sequential`` where ranks share a GPU).
@@ -65,7 +64,6 @@ def _workgroup_specialized(call: FusedCall) -> None:
 
 def _baseline(call: FusedCall) -> None:
     """torch.matmul into C, then torch.distributed's all-reduce of C."""
-    no_multicast()
     torch.matmul(call.A, call.B, out=call.C)
     dist.all_reduce(call.C)
 

@@ -8,22 +8,8 @@ Example::
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
-
-
-def no_multicast() -> None:
-    """Never NVLink multicast (NVLS) in the baselines: it can take a shared host's GPUs out of service.
-    NCCL reads this when it creates its communicator, at the first NCCL collective.
-
-    Example::
-
-        no_multicast()
-        dist.all_reduce(x)
-    """
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 
 def gather_into(out: torch.Tensor, inp: torch.Tensor) -> None:
@@ -33,7 +19,6 @@ def gather_into(out: torch.Tensor, inp: torch.Tensor) -> None:
 
         gather_into(torch.empty(world_size * 4, 8, device="cuda"), torch.randn(4, 8, device="cuda"))
     """
-    no_multicast()
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather(out, inp)
 
@@ -45,6 +30,5 @@ def reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor) -> None:
 
         reduce_scatter_into(torch.empty(4, 8, device="cuda"), torch.randn(world_size * 4, 8, device="cuda"))
     """
-    no_multicast()
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     scatter(out, inp)
