@@ -129,3 +129,69 @@ def test_no_module_is_past_its_size():
     long = [f"{p.relative_to(ROOT)}: {n} lines" for p in sorted(PACKAGE.rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > 420]
     assert not long, "split these modules:\n" + "\n".join(long)
+
+
+def _concrete(module: str) -> str | None:
+    """The dotted module a target names if it is a file of its own (not a package's __init__)."""
+    path = PACKAGE.joinpath(*module.split("."))
+    return module if path.with_suffix(".py").exists() else None
+
+
+def test_no_import_cycles():
+    """Modules import each other in one direction only (lazy imports included): a cycle means two
+    modules that cannot be read, tested or changed apart."""
+    graph = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        module = _module_of(path)
+        graph[module] = {t for _, target in _imports(path, module) if target and (t := _concrete(target))}
+    cycles, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+#: Reads of another object's private attributes (``obj._name``, obj not self/cls) inside trident/,
+#: Triton's and torch's own private API included (the simulator's fix-ups need it). A ratchet: the
+#: count may only go down (issue 29 asks for none between trident's own modules).
+PRIVATE_REACH_MAX = 63
+
+
+def test_private_reach_only_goes_down():
+    reads = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                reads.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
+    assert len(reads) <= PRIVATE_REACH_MAX, (f"{len(reads)} reads of other objects' private attributes (at most "
+                                             f"{PRIVATE_REACH_MAX}); add a public name instead:\n" + "\n".join(reads))
+
+
+#: The widest ``@triton.jit`` signatures now: kernels, then helpers. Ratchets toward issue 29's 18 and
+#: 12 (argument bundles for the recurring groups: team, sync state, GEMM operands).
+JIT_KERNEL_ARGS_MAX, JIT_HELPER_ARGS_MAX = 30, 25
+
+
+def test_jit_signatures_do_not_widen():
+    wide = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list):
+                cap = JIT_KERNEL_ARGS_MAX if node.name.endswith("kernel") else JIT_HELPER_ARGS_MAX
+                if len(node.args.args) > cap:
+                    wide.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {len(node.args.args)} > {cap}")
+    assert not wide, "jit signatures past their cap (bundle arguments instead):\n" + "\n".join(wide)
+
