@@ -43,6 +43,14 @@ NAME = "trident"
 #: Slots and bytes per slot :func:`reserve` takes by default (64 MiB of heap in all).
 DEFAULT_GROUPS = 4
 DEFAULT_GROUP_BYTES = 16 << 20
+#: Every trident collective (``trident.ccl.OPS``) and the ProcessGroup method that runs it on trident,
+#: or None with why torch.distributed's call cannot reach it (tests/test_registry.py holds every
+#: collective to a row here).
+COLLECTIVE_METHODS = {
+    "all_reduce": "allreduce", "all_gather": "_allgather_base", "reduce_scatter": "_reduce_scatter_base",
+    "all_to_all": "alltoall_base", "broadcast": "broadcast",
+    "all_to_all_v": None,  # all_to_all_single with unequal splits: its input is plain, so it goes to the fallback
+}
 #: The reductions trident runs, by torch's op type (``opts.reduceOp.op``); anything else falls back.
 _OP_NAMES = {dist.ReduceOp.RedOpType.SUM: "sum", dist.ReduceOp.RedOpType.MAX: "max",
              dist.ReduceOp.RedOpType.MIN: "min"}

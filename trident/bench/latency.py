@@ -98,6 +98,8 @@ def _host_cases(ctx, small_only: bool):
               ("reduce_scatter 1 KiB", "collective", lambda: trident.ccl.reduce_scatter(ctx, part, big)),
               ("all_to_all 1 KiB per peer", "collective", lambda: trident.ccl.all_to_all(ctx, exchanged, big)),
               ("broadcast 1 KiB", "collective", lambda: trident.ccl.broadcast(ctx, x, 0)),
+              ("all_to_all_v 1 KiB per peer", "collective",
+               lambda: trident.ccl.all_to_all_v(ctx, exchanged, big, [n] * w, [n] * w)),
               ("device_barrier", "collective", ctx.device_barrier)]
     # The entries users call: torch's custom ops (a fresh output every call, as a compiled model
     # makes) and torch.distributed on a trident group, each against the ccl call beneath it.

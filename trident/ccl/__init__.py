@@ -10,6 +10,7 @@ from .api import (
            ALGORITHMS,
            ALL_REDUCE_ALGORITHMS,
            ONE_SHOT_MAX_BYTES,
+           OPS,
            all_gather,
            all_reduce,
            all_to_all,
@@ -19,4 +20,4 @@ from .api import (
 )
 
 __all__ = ["all_gather", "all_reduce", "reduce_scatter", "all_to_all", "all_to_all_v", "broadcast", "device",
-           "ALGORITHMS", "ALL_REDUCE_ALGORITHMS", "ONE_SHOT_MAX_BYTES"]
+           "ALGORITHMS", "ALL_REDUCE_ALGORITHMS", "ONE_SHOT_MAX_BYTES", "OPS"]
