@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import trident
 from trident import layout
+from trident.dist_backend import INIT_SLOTS, init_bytes
 from trident.runtime.allocator import SymmetricAllocator
-from trident.runtime.groups import TORCH_GROUP_SLOTS, TorchGroupSlots
 
 # -- unit tests (no processes) ---------------------------------------------------------------------
 
@@ -294,7 +294,7 @@ def _stats_body(ctx):
 def test_memory_stats(pool2):
     for heap_size, (s0, s1, s2, s3) in pool2.run(_stats_body):
         # The allocator has the heap between the control block and the torch group slots init keeps at the top.
-        usable = TorchGroupSlots(heap_size, TORCH_GROUP_SLOTS).offset - layout.CONTROL_BYTES
+        usable = heap_size - init_bytes(heap_size, INIT_SLOTS) - layout.CONTROL_BYTES
         for s in (s0, s1, s2, s3):
             assert s["heap_size"] == heap_size and s["reserved_bytes"] == heap_size - usable
             assert s["free_bytes"] + s["allocated_bytes"] == usable
@@ -334,7 +334,7 @@ def _exhaustion_body(ctx):
 def test_heap_exhaustion_in_the_ranks(pool2):
     for message, before, message2, mid, heap_size in pool2.run(_exhaustion_body):
         assert "exhausted" in message
-        allocatable = TorchGroupSlots(heap_size, TORCH_GROUP_SLOTS).offset  # the top is kept for torch groups
+        allocatable = heap_size - init_bytes(heap_size, INIT_SLOTS)  # the top is kept for torch groups
         for number in (2 * heap_size, before["free_bytes"], allocatable):
             assert str(number) in message, (number, message)
         for number in (mid["largest_free_block"] + 1, mid["free_bytes"], allocatable, mid["largest_free_block"]):

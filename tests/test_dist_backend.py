@@ -12,6 +12,7 @@ import pathlib
 import torch
 import torch.distributed as dist
 
+import trident
 from tests.conftest import get_pool
 
 SLOT = 1 << 20  # each slot's workspace: small heaps in the test pools
@@ -269,12 +270,12 @@ def test_without_slots_the_error_says_what_to_call():
 
 
 def _right_after_init_body(ctx):
-    slots = ctx._resources.peek("torch_group_slots")
+    region = ctx.reserved_region(trident.dist_backend.NAME)  # what trident.init kept for torch groups
     g = dist.new_group(list(range(ctx.world_size)), backend="trident")  # no reserve: init's slots
     t = torch.full((8,), float(ctx.rank + 1), device=ctx.device)
     dist.all_reduce(t, group=g)
     _destroy(g)
-    return float(t[0]), slots.count, slots.offset, ctx.heap_size
+    return float(t[0]), trident.dist_backend.init_slots(ctx.heap_size, region)[0], region.offset, ctx.heap_size
 
 
 def test_a_trident_group_works_right_after_init():

@@ -17,10 +17,8 @@ Import trident before defining kernels: on a machine without a GPU it switches T
 CPU interpreter (the simulator), which must happen before any ``@triton.jit``.
 """
 
-import functools
-
 # torch_ops and dist_backend register nothing on import: init() registers them (see below).
-from . import ccl, config, dist_backend, platform, torch_ops, trace
+from . import ccl, config, dist_backend, layout, platform, torch_ops, trace
 from .device import (
     arrival_ticket,
     atomic_add,
@@ -63,13 +61,27 @@ from .runtime.launch import SpawnError, spawn
 __version__ = "0.1.0"
 
 
-@functools.wraps(_context.init)
-def init(*args, **kwargs) -> Context:
-    # The integrations with torch are registered here, on the first init, never on import:
-    # torch.ops.trident.* (custom ops) and the torch.distributed backend "trident". Both idempotent.
+def init(heap_size: int = _context.DEFAULT_HEAP_SIZE, backend: str | None = None, *,
+         dist_groups: int = dist_backend.INIT_SLOTS, **kwargs) -> Context:
+    """``trident.runtime.context.init`` (its arguments: ``timeout``, ``wait_timeout``, ...), with
+    trident's integrations with torch: registers ``torch.ops.trident.*`` and the torch.distributed
+    backend "trident" (on the first call; importing trident registers nothing), and keeps
+    ``dist_groups`` heap slots at the top of the heap for ``dist.new_group(ranks, backend="trident")``,
+    each of ``heap_size / 64`` bytes (0 keeps none; :mod:`trident.dist_backend`).
+
+    Example::
+
+        ctx = trident.init(heap_size=1 << 28)
+    """
     torch_ops.register()
     dist_backend.register()
-    return _context.init(*args, **kwargs)
+    if isinstance(heap_size, int) and not isinstance(heap_size, bool):  # else the runtime says what is wrong
+        kept = dist_backend.init_bytes(-(-heap_size // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN, dist_groups)
+        kwargs["reserve"] = {dist_backend.NAME: kept, **kwargs.get("reserve", {})}
+    return _context.init(heap_size, backend, **kwargs)
+
+
+init.__doc__ += "\n" + (_context.init.__doc__ or "")
 
 __all__ = [
     "init", "Context", "spawn", "config", "platform", "ccl", "trace", "torch_ops", "dist_backend",

@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from . import ccl
 from .errors import ContextClosedError, TridentError
+from .layout import ALLOC_ALIGN
 from .runtime.groups import clear_region, group_in_region, open_contexts, region_bytes
 
 NAME = "trident"
@@ -88,6 +89,34 @@ class _Arena:
         return self.region[index * self.slot_bytes:(index + 1) * self.slot_bytes]
 
 
+#: Slots ``trident.init`` keeps for torch groups unless told otherwise (``dist_groups``).
+INIT_SLOTS = 4
+
+
+def init_slots(heap_size: int, count) -> tuple[int, int]:
+    """``(slots, bytes per slot's workspace)`` that ``trident.init(dist_groups=count)`` keeps: each
+    slot ``heap_size / 64`` bytes, all of them at most 1/8 of the heap (else none). ``count`` may
+    also be the kept region (its slots follow from its size).
+
+    Example::
+
+        trident.init(reserve={"trident": init_bytes(1 << 30, 4)})   # what trident.init does
+    """
+    group_bytes = heap_size // 64 // ALLOC_ALIGN * ALLOC_ALIGN
+    if not isinstance(count, int):  # the region trident.init kept
+        return (count.nbytes // region_bytes(group_bytes) if group_bytes else 0), group_bytes
+    if isinstance(count, bool) or count < 0:
+        raise ValueError(f"dist_groups={count!r} must be an int >= 0 (slots for torch groups of backend 'trident')")
+    fits = count and group_bytes and count * region_bytes(group_bytes) <= heap_size // 8
+    return (count if fits else 0), group_bytes
+
+
+def init_bytes(heap_size: int, count: int) -> int:
+    """Heap bytes ``trident.init`` keeps for ``count`` torch-group slots (see :func:`init_slots`)."""
+    slots, group_bytes = init_slots(heap_size, count)
+    return slots * region_bytes(group_bytes)
+
+
 def reserve(ctx, groups: int = DEFAULT_GROUPS, group_bytes: int = DEFAULT_GROUP_BYTES) -> None:
     """Reserve heap for ``groups`` torch.distributed groups with backend "trident" (collective over the world).
 
@@ -125,12 +154,12 @@ def _arena() -> _Arena:
     if arena is not None and not arena.ctx._closed and arena.ctx._resources.peek("dist_backend.arena") is arena:
         return arena
     for ctx in open_contexts():
-        slots = ctx._resources.peek("torch_group_slots")
-        if slots is not None and slots.count:
-            if slots.arena is None:
-                region = ctx._heap[slots.offset:slots.offset + slots.count * region_bytes(slots.group_bytes)]
-                slots.arena = _Arena(ctx, slots.count, slots.group_bytes, region)
-            return slots.arena
+        region = ctx.reserved_region(NAME)  # what trident.init kept for us (init_slots)
+        if region is not None and region.nbytes:
+            if region.owner is None:
+                count, group_bytes = init_slots(ctx.heap_size, region)
+                region.owner = _Arena(ctx, count, group_bytes, region.tensor[:count * region_bytes(group_bytes)])
+            return region.owner
     raise TridentError("dist.new_group(backend='trident') needs heap slots for torch groups, and this "
                        "process's trident context keeps none (trident.init(dist_groups=0), or a heap too small): "
                        "pass trident.init(dist_groups=N), or call trident.dist_backend.reserve(ctx, groups=N) on "

@@ -319,7 +319,7 @@ def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, max_
     d = moe.moe_dispatch(ctx, x.contiguous(), topk_idx.contiguous(), num_experts, max_tokens_per_rank,
                          x_scales=x_scales, group=g)
     scales = d.recv_scales if d.recv_scales is not None else d.recv_x.new_empty((d.capacity, 0), dtype=torch.float32)
-    handle = torch.cat([d._recv_j.to(torch.int64), d._status])
+    handle = torch.cat([d.handle.recv_j.to(torch.int64), d.handle.status])
     return (_plain_copy(d.recv_x), d.recv_offsets.clone(), d.recv_counts.clone(), d.recv_src.clone(),
             _plain_copy(scales), handle)
 
@@ -355,7 +355,7 @@ def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, topk_idx: 
                          f"{moe.STATUS_WORDS}] tensor torch.ops.trident.moe_dispatch returned with recv_src, "
                          f"got {handle.dtype} {tuple(handle.shape)}")
     recv_j, status = handle[:capacity].to(torch.int32), handle[capacity:].contiguous()
-    return moe.combine_rows(me, f"rank {me.rank}: moe_combine", expert_out.contiguous(), topk_weights.contiguous(),
+    return moe.combine_rows(me, expert_out.contiguous(), topk_weights.contiguous(),
                             topk_idx.contiguous(), recv_src.contiguous(), recv_j, status, num_experts,
                             max_tokens_per_rank, capacity)
 

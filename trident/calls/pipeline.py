@@ -62,8 +62,9 @@ def run_call(team, op: Op, tensors: tuple, options: tuple = ()):
     """Run one call of ``op`` on ``team`` (a context or a group) with ``tensors`` and ``options``.
 
     Returns:
-        What ``op.across_nodes`` returned when the team spans nodes, else None (the op's entry
-        returns its own outputs).
+        What ``op.across_nodes`` returned when the team spans nodes, else the call's
+        :class:`Recording` (replayed or new; its ``memo`` holds what the op's run noted for its
+        entry, e.g. the workspace views it returns).
 
     Example::
 
@@ -86,7 +87,7 @@ def run_call(team, op: Op, tensors: tuple, options: tuple = ()):
             entry = cache.get(key)
             if entry is not None:
                 entry.replay(tensors)
-                return None
+                return entry
     _check(team, op, tensors, options)
     rec = Recording(tensors, team.heap_range, on_gpu=not team.platform.simulator,
                     generation=lambda: cache.generation)
@@ -95,7 +96,7 @@ def run_call(team, op: Op, tensors: tuple, options: tuple = ()):
     # Kept only if every step launched on the buffers as they are now (none moved after a step).
     if key is not None and rec.kept and rec.generations <= {cache.generation}:
         cache.put(key, rec)
-    return None
+    return rec
 
 
 def _check(team, op: Op, tensors: tuple, options: tuple) -> None:

@@ -140,6 +140,7 @@ class Recording:
         rerun: set by :meth:`rerun_with`: the call is not replayed step by step but by this function
             of the new operands (its decisions kept, its checks skipped).
         kept: False after :meth:`discard`: nothing of this call is kept.
+        memo: what the op's run noted for its entry (workspace views it returns), kept with the entry.
     """
 
     def __init__(self, tensors: tuple, heap: tuple[int, int], on_gpu: bool, generation=lambda: 0):
@@ -150,6 +151,7 @@ class Recording:
         self.owned: list[torch.Tensor] = []
         self.rerun = None
         self.kept = True
+        self.memo: dict = {}  # what the op's run notes for its entry (views it returns), kept with the entry
         self._generation = generation
         self.generations: set[int] = set()  # of the buffers each step was recorded on
 

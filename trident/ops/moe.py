@@ -30,6 +30,7 @@ import numbers
 import torch
 import triton
 
+from ..calls import Op, run_call
 from ..ccl.api import all_reduce
 from ..ccl.workspace import workspace
 from ..errors import CapacityError, DivergenceError, TridentError
@@ -57,6 +58,18 @@ class _State:
         self.calls = 0
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class MoEHandle:
+    """The routing a dispatch leaves for its combine (as DeepEP's handle): which of its token's k
+    choices each received row is (``recv_j``, int32 ``[capacity]``), the dispatch's counters
+    (``status``, int64 ``[STATUS_WORDS]``), the team it ran on and its call number there."""
+
+    recv_j: torch.Tensor
+    status: torch.Tensor
+    team: object
+    call: int
+
+
 @dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class MoEDispatch:
     """What :func:`moe_dispatch` received on this rank; the input of :func:`moe_combine`.
@@ -76,6 +89,7 @@ class MoEDispatch:
         capacity: rows of the receive buffers.
         topk_idx: this rank's routing ``[T, k]`` (the caller's tensor, kept for the combine: do not
             change it in place before :func:`moe_combine`).
+        handle: what the combine needs besides ``recv_src`` (:class:`MoEHandle`).
 
     A result is valid until the next ``moe_dispatch`` on the same context (or group): the receive
     buffers are reused. With ``max_tokens_per_rank`` given the call does not wait for the device,
@@ -92,10 +106,7 @@ class MoEDispatch:
     max_tokens_per_rank: int
     capacity: int
     topk_idx: torch.Tensor
-    _team: object
-    _recv_j: torch.Tensor
-    _status: torch.Tensor
-    _call: int
+    handle: MoEHandle
 
     def __repr__(self) -> str:
         return (f"MoEDispatch(recv_x={tuple(self.recv_x.shape)} {self.recv_x.dtype}, experts={self.num_experts} "
@@ -111,10 +122,11 @@ class MoEDispatch:
             d = trident.ops.moe_dispatch(ctx, x, idx, 64, max_tokens_per_rank=128, capacity=2048)
             d.check()   # once, outside the captured region, to validate the capacity
         """
-        getattr(self._team, "ctx", self._team).check()  # a fault the kernel recorded, raised and cleared
-        needed, worst = self._status[STATUS_NEEDED:STATUS_WORST + 1].tolist()
+        team = self.handle.team
+        getattr(team, "ctx", team).check()  # a fault the kernel recorded, raised and cleared
+        needed, worst = self.handle.status[STATUS_NEEDED:STATUS_WORST + 1].tolist()
         if needed > self.capacity:
-            raise CapacityError(describe_capacity_fault(self._team.rank, worst, self.capacity, needed))
+            raise CapacityError(describe_capacity_fault(team.rank, worst, self.capacity, needed))
 
 
 def _fail(where: str, message: str, kind=ValueError):
@@ -207,11 +219,26 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
 
         d = trident.ops.moe_dispatch(ctx, x, topk_idx, num_experts=256, max_tokens_per_rank=128)
     """
-    ctx = team(ctx, group)
-    if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
-        raise multinode.refuse(ctx, "moe_dispatch")
-    where = f"rank {ctx.rank}: moe_dispatch"
-    _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, capacity, x_scales)
+    me = team(ctx, group)
+    rec = run_call(me, MOE_DISPATCH, (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity))
+    state = me.resource(_STATE_KEY, _State)
+    state.calls += 1
+    got = rec.memo
+    return MoEDispatch(got["recv_x"].view(x.dtype), got["offsets"], got["recv_counts"], got["recv_src"],
+                       got["recv_scales"] if x_scales is not None else None, num_experts, got["experts_local"],
+                       got["max_tokens"], got["rows"], topk_idx,
+                       MoEHandle(got["recv_j"], got["status"], me, state.calls))
+
+
+def _check_dispatch_call(team, tensors, options) -> None:
+    (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity) = tensors, options
+    _check_dispatch(team, f"rank {team.rank}: moe_dispatch", x, topk_idx, num_experts, max_tokens_per_rank,
+                    capacity, x_scales)
+
+
+def _run_dispatch(team, rec, tensors, options) -> None:
+    (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity) = tensors, options
+    ctx, where = team, f"rank {team.rank}: moe_dispatch"
     (tokens, hidden), k, world = x.shape, topk_idx.shape[1], ctx.world_size
     facts = (hidden, k, num_experts, str(x.dtype), capacity, x_scales is not None)
     if max_tokens_per_rank is None:
@@ -226,8 +253,6 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
             _fail(where, f"topk_idx holds ids outside [-1, {num_experts}): {bad}")
     experts_local = num_experts // world
     rows = default_capacity(world, max_tokens, k) if capacity is None else int(capacity)
-    state = ctx.resource(_STATE_KEY, _State)
-    state.calls += 1
     # Every buffer is asked for on every rank with the same size (collective), in the same order.
     ws = workspace(ctx)
     word = _word_dtype(hidden * x.element_size())
@@ -242,31 +267,39 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
     offsets, recv_counts = local[2 * num_experts:].view(2, experts_local)
     status = ws.buffer("moe.status", STATUS_WORDS, torch.int64)
     sync = sync_block(ctx, max(world + 1, max_tokens * k))  # room for the combine's row flags too
+    rec.memo.update(recv_x=recv_words, recv_scales=recv_scales, recv_src=recv_src, recv_j=recv_j, offsets=offsets,
+                    recv_counts=recv_counts, status=status, experts_local=experts_local, max_tokens=max_tokens,
+                    rows=rows)
     if max_tokens == 0:  # no rank has a token (every rank knows): nothing to send
-        local.zero_()
-        status.zero_()
+        rec.every_replay(local.zero_)
+        rec.every_replay(status.zero_)
     else:
         programs = max(1, min(ctx.platform.program_limit, max_tokens))
         block_r = min(triton.next_power_of_2(row_words), 1024)
-        moe_dispatch_kernel[(programs,)](
+        rec.launch(moe_dispatch_kernel, (programs,), (
             x.view(word), None if x_scales is None else x_scales, topk_idx, tokens,
             recv_words, None if x_scales is None else recv_scales, recv_src, recv_j,
             counts, local, offsets, recv_counts, status,
             row_words, scale_cols, k, experts_local, max_tokens, rows,
-            sync, ctx.rank, world, ctx.heap_bases,
-            E_BLOCK=triton.next_power_of_2(num_experts), K_BLOCK=triton.next_power_of_2(k),
-            CHUNK=min(1024, triton.next_power_of_2(max(max_tokens * k, 16))), BLOCK_R=block_r,
-            BLOCK_S=triton.next_power_of_2(max(scale_cols, 1)), REPORT=max_tokens_per_rank is not None,
-            WORLD_BLOCK=triton.next_power_of_2(world), num_warps=4 if block_r <= 512 else 8)
+            sync, ctx.rank, world, ctx.heap_bases),
+            dict(E_BLOCK=triton.next_power_of_2(num_experts), K_BLOCK=triton.next_power_of_2(k),
+                 CHUNK=min(1024, triton.next_power_of_2(max(max_tokens * k, 16))), BLOCK_R=block_r,
+                 BLOCK_S=triton.next_power_of_2(max(scale_cols, 1)), REPORT=max_tokens_per_rank is not None,
+                 WORLD_BLOCK=triton.next_power_of_2(world)),
+            num_warps=4 if block_r <= 512 else 8)
     if max_tokens_per_rank is None:  # this call synchronises anyway: check the capacity now
         needed, worst = status[STATUS_NEEDED:STATUS_WORST + 1].tolist()
         if needed > rows:
             raise CapacityError(describe_capacity_fault(ctx.rank, worst, rows, needed))
     elif ctx.platform.simulator:  # the kernel recorded any overflow; the simulator raises faults at once
-        getattr(ctx, "ctx", ctx).check()
-    return MoEDispatch(recv_words.view(x.dtype), offsets, recv_counts, recv_src,
-                       recv_scales if x_scales is not None else None, num_experts, experts_local, max_tokens,
-                       rows, topk_idx, ctx, recv_j, status, state.calls)
+        world_ctx = getattr(ctx, "ctx", ctx)
+        rec.every_replay(world_ctx.check)
+
+
+#: The dispatch as the call pipeline runs it. A call with ``max_tokens_per_rank`` given replays on
+#: new tokens; without it every call agrees on T with the host (and checks the capacity): the full path.
+MOE_DISPATCH = Op("moe_dispatch", _check_dispatch_call, _run_dispatch, across_nodes=multinode.refusing("moe_dispatch"),
+                  cacheable=lambda options: options[1] is not None)
 
 
 def moe_combine(ctx, expert_out: torch.Tensor, topk_weights: torch.Tensor, d: MoEDispatch,
@@ -294,45 +327,68 @@ def moe_combine(ctx, expert_out: torch.Tensor, topk_weights: torch.Tensor, d: Mo
     where = f"rank {ctx.rank}: moe_combine"
     if not isinstance(d, MoEDispatch):
         _fail(where, f"d must be the MoEDispatch of trident.ops.moe_dispatch, got {type(d).__name__}", TypeError)
-    if d._team is not ctx:
+    if d.handle.team is not ctx:
         _fail(where, "d was made by moe_dispatch on another context or group: pass the same ctx and group")
-    if d._call != ctx.resource(_STATE_KEY, _State).calls:
+    if d.handle.call != ctx.resource(_STATE_KEY, _State).calls:
         _fail(where, "d is not the latest moe_dispatch on this context: a later dispatch has reused its receive "
                      "buffers. Combine each dispatch before the next one", TridentError)
-    return combine_rows(ctx, where, expert_out, topk_weights, d.topk_idx, d.recv_src, d._recv_j, d._status,
+    return combine_rows(ctx, expert_out, topk_weights, d.topk_idx, d.recv_src, d.handle.recv_j, d.handle.status,
                         d.num_experts, d.max_tokens_per_rank, d.capacity)
 
 
-def combine_rows(ctx, where: str, expert_out, topk_weights, topk_idx, recv_src, recv_j, status, num_experts: int,
+def combine_rows(team, expert_out, topk_weights, topk_idx, recv_src, recv_j, status, num_experts: int,
                  max_tokens: int, capacity: int) -> torch.Tensor:
     """The combine of a dispatch given by its routing tensors (``recv_src``, ``recv_j``: which
     token and which of its k choices each received row is; ``status``: the dispatch's counters),
-    which may be copies: nothing here reads the dispatch's receive buffers. ``ctx`` is the team."""
-    check_tensor(where, "expert_out", expert_out, ctx.device, OUT_DTYPES, dims=2)
-    check_tensor(where, "topk_weights", topk_weights, ctx.device, (torch.float32, torch.bfloat16, torch.float16),
+    which may be copies: nothing here reads the dispatch's receive buffers. Returns a new ``[T, H]``."""
+    hidden = expert_out.shape[1] if isinstance(expert_out, torch.Tensor) and expert_out.dim() == 2 else 0
+    tokens = topk_idx.shape[0]
+    dtype = expert_out.dtype if isinstance(expert_out, torch.Tensor) else None
+    out = torch.empty(tokens, hidden, dtype=dtype, device=team.device)
+    run_call(team, MOE_COMBINE, (expert_out, topk_weights, topk_idx, recv_src, recv_j, status, out),
+             (num_experts, max_tokens, capacity))
+    return out
+
+
+def _check_combine(team, tensors, options) -> None:
+    expert_out, topk_weights, topk_idx = tensors[:3]
+    where, capacity = f"rank {team.rank}: moe_combine", options[2]
+    check_tensor(where, "expert_out", expert_out, team.device, OUT_DTYPES, dims=2)
+    check_tensor(where, "topk_weights", topk_weights, team.device, (torch.float32, torch.bfloat16, torch.float16),
                  dims=2)
     if expert_out.shape[0] != capacity:
         _fail(where, f"expert_out {tuple(expert_out.shape)} must have d.capacity={capacity} rows "
                      f"(one per row of d.recv_x)")
     if topk_weights.shape != topk_idx.shape:
         _fail(where, f"topk_weights {tuple(topk_weights.shape)} must match topk_idx {tuple(topk_idx.shape)}")
+
+
+def _run_combine(team, rec, tensors, options) -> None:
+    expert_out, topk_weights, topk_idx, recv_src, recv_j, status, out = tensors
+    num_experts, max_tokens, capacity = options
     (tokens, k), hidden = topk_idx.shape, expert_out.shape[1]
-    ctx.agree_in_debug("moe_combine", hidden, k, str(expert_out.dtype), capacity)
-    out = torch.empty(tokens, hidden, dtype=expert_out.dtype, device=ctx.device)
-    staging = workspace(ctx).buffer("moe.combine", max_tokens * k * hidden, expert_out.dtype)
-    sync = sync_block(ctx, max(ctx.world_size + 1, max_tokens * k))
+    staging = workspace(team).buffer("moe.combine", max_tokens * k * hidden, expert_out.dtype)
+    sync = sync_block(team, max(team.world_size + 1, max_tokens * k))
     if max_tokens == 0 or hidden == 0:
-        return out
-    programs = max(2, ctx.platform.program_limit)
+        rec.discard()
+        return
+    programs = max(2, team.platform.program_limit)
     block_h = min(triton.next_power_of_2(hidden), 1024)
-    moe_combine_kernel[(programs,)](
+    rec.launch(moe_combine_kernel, (programs,), (
         expert_out, staging, out, topk_weights, topk_idx, tokens,
         recv_src, recv_j, status,
         hidden, k, num_experts, max_tokens, capacity, programs // 2,
-        sync, ctx.rank, ctx.world_size, ctx.heap_bases,
-        K_BLOCK=triton.next_power_of_2(k), BLOCK_H=block_h, WORLD_BLOCK=triton.next_power_of_2(ctx.world_size),
+        sync, team.rank, team.world_size, team.heap_bases),
+        dict(K_BLOCK=triton.next_power_of_2(k), BLOCK_H=block_h, WORLD_BLOCK=triton.next_power_of_2(team.world_size)),
         num_warps=4 if block_h <= 512 else 8)
-    return out
 
 
-__all__ = ["moe_dispatch", "moe_combine", "MoEDispatch", "X_DTYPES", "OUT_DTYPES", "SCALE_BLOCK", "MAX_EXPERTS"]
+#: The combine as the call pipeline runs it (operands: expert_out, topk_weights, topk_idx, recv_src,
+#: recv_j, status, and the new output).
+MOE_COMBINE = Op("moe_combine", _check_combine, _run_combine, across_nodes=multinode.refusing("moe_combine"),
+                 facts=lambda tensors, options: (tensors[0].shape[1], tensors[2].shape[1], str(tensors[0].dtype),
+                                                 options[2]))
+
+
+__all__ = ["moe_dispatch", "moe_combine", "MoEDispatch", "MoEHandle", "MOE_DISPATCH", "MOE_COMBINE", "X_DTYPES",
+           "OUT_DTYPES", "SCALE_BLOCK", "MAX_EXPERTS"]

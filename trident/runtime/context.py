@@ -36,7 +36,7 @@ _context_ids = itertools.count()
 
 def init(heap_size: int = DEFAULT_HEAP_SIZE, backend: str | None = None, *, timeout: float | None = None,
          wait_timeout: float | None = None, watchdog_interval: float | None = None,
-         dist_groups: int = groups.TORCH_GROUP_SLOTS) -> Context:
+         reserve: dict[str, int] | None = None) -> Context:
     """Create this rank's symmetric heap and map every peer's; collective over all ranks.
 
     Joins the initialized torch.distributed default group, or creates one from RANK,
@@ -53,8 +53,8 @@ def init(heap_size: int = DEFAULT_HEAP_SIZE, backend: str | None = None, *, time
         watchdog_interval: seconds between checks that every peer's process is still alive
             (default ``TRIDENT_WATCHDOG_INTERVAL`` or 0.5). A lost peer ends this rank's waits,
             host and device, with an error naming it.
-        dist_groups: heap slots kept for ``dist.new_group(ranks, backend="trident")``, each of
-            ``heap_size / 64`` bytes at the top of the heap (:mod:`trident.dist_backend`); 0 keeps none.
+        reserve: named byte counts kept at the top of the heap from init on, for integrations
+            (``ctx.reserved_region(name)``); ``trident.init`` keeps the dist backend's here.
 
     Returns:
         The :class:`Context`.
@@ -92,7 +92,7 @@ def init(heap_size: int = DEFAULT_HEAP_SIZE, backend: str | None = None, *, time
     if world > layout.MAX_WORLD:
         raise ValueError(f"world size {world} is larger than trident supports ({layout.MAX_WORLD})")
     rendezvous = Rendezvous(store, f"trident/ctx{next(_context_ids)}/", rank, world, timeout)
-    return Context(rendezvous, name, heap_size, local_rank, wait_timeout, watchdog_interval, dist_groups)
+    return Context(rendezvous, name, heap_size, local_rank, wait_timeout, watchdog_interval, reserve)
 
 
 class Context(SymmetricHeapMixin):
@@ -116,7 +116,7 @@ class Context(SymmetricHeapMixin):
     """
 
     def __init__(self, rendezvous: Rendezvous, backend: str, heap_size: int, local_rank: int,
-                 wait_timeout: float, watchdog_interval: float, dist_groups: int = 0):
+                 wait_timeout: float, watchdog_interval: float, reserve: dict[str, int] | None = None):
         self._rendezvous = rendezvous
         self.rank, self.world_size = rendezvous.rank, rendezvous.world_size
         self.backend, self.heap_size = backend, heap_size
@@ -153,8 +153,8 @@ class Context(SymmetricHeapMixin):
             self.heap_bases_host = tuple(bases)
             self._control = ControlBlock(self._heap, heap_size, self.world_size, *self._backend.abort_word(self._heap))
             self._control.reset(wait_timeout)
-            slots = self._resources.get("torch_group_slots", lambda: groups.TorchGroupSlots(heap_size, dist_groups))
-            self._allocator = SymmetricAllocator(layout.CONTROL_BYTES, slots.offset, layout.ALLOC_ALIGN)
+            top = groups.keep_reserved(self._resources, self._heap, heap_size, reserve)
+            self._allocator = SymmetricAllocator(layout.CONTROL_BYTES, top, layout.ALLOC_ALIGN)
             self._backend.synchronize()
             rendezvous.all_gather("heap mapping", b"")
             self._backend.after_exchange()

@@ -261,36 +261,42 @@ def region_bytes(workspace_bytes: int) -> int:
     return _BARRIER_BYTES + -(-int(workspace_bytes) // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN
 
 
-#: Slots ``trident.init`` keeps at the top of the heap for torch.distributed groups of backend
-#: "trident" (:mod:`trident.dist_backend`), each of ``heap_size / 64`` bytes: 1/16 of the heap.
-TORCH_GROUP_SLOTS = 4
-
-
-class TorchGroupSlots:
-    """The top of a context's heap kept for torch groups of backend "trident" (kept among the
-    context's resources from ``init`` on, so no ``heap_scope`` drops it).
+class ReservedRegion:
+    """Heap bytes kept at the top of every rank's heap from ``init`` on, for a named user (an
+    integration such as :mod:`trident.dist_backend`; ``trident.init(reserve={name: nbytes})``). The
+    runtime knows only the name and the bytes; the user keeps what it made there in ``owner``,
+    which is told (``owner.resource_ended()``) when the context closes.
 
     Attributes:
-        count: slots (0: none kept: ``trident.init(dist_groups=0)``, or a heap too small).
-        group_bytes: each slot's workspace bytes.
-        offset: where the slots start on the heap (the allocator ends there).
-        arena: what :mod:`trident.dist_backend` keeps of them (made on first use), or None.
+        name: the user's name for it. offset, nbytes: where on the heap (the same on every rank).
+        tensor: the bytes (uint8, on this rank's heap). owner: the user's state, or None.
     """
 
-    def __init__(self, heap_size: int, count: int):
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"dist_groups={count!r} must be an int >= 0 (slots for torch groups of backend "
-                             f"'trident')")
-        self.group_bytes = heap_size // 64 // layout.ALLOC_ALIGN * layout.ALLOC_ALIGN
-        total = count * region_bytes(self.group_bytes)
-        self.count = count if count and self.group_bytes and total <= heap_size // 8 else 0
-        self.offset = heap_size - (total if self.count else 0)
-        self.arena = None
+    def __init__(self, name: str, offset: int, tensor: torch.Tensor):
+        self.name, self.offset, self.nbytes, self.tensor = name, offset, tensor.numel(), tensor
+        self.owner = None
 
     def resource_ended(self) -> None:
-        """The context closed: the torch groups in the slots let go of them at once."""
-        if self.arena is not None:
-            self.arena.resource_ended()
+        """The context closed: the owner lets go of the region at once."""
+        ended = getattr(self.owner, "resource_ended", None)
+        if ended is not None:
+            ended()
+
+
+def keep_reserved(resources, heap: torch.Tensor, heap_size: int, reserve: dict[str, int] | None) -> int:
+    """Lay ``reserve``'s regions out downwards from the heap's top (each aligned, in order) and keep
+    each among ``resources`` as ``"reserved:<name>"`` (made at init: no heap_scope drops them);
+    returns where the allocator's range ends."""
+    top = heap_size
+    for name, nbytes in (reserve or {}).items():
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"reserve[{name!r}]={nbytes!r} must be an int number of bytes >= 0")
+        nbytes = -(-nbytes // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN
+        top -= nbytes
+        if top < layout.CONTROL_BYTES + layout.ALLOC_ALIGN:
+            raise ValueError(f"reserve={reserve} leaves no room in a heap of {heap_size} bytes")
+        resources.get(f"reserved:{name}", lambda o=top, n=nbytes, k=name: ReservedRegion(k, o, heap[o:o + n]))
+    return top
 
 
 def group_in_region(ctx, ranks, region: torch.Tensor, name: str) -> Group:

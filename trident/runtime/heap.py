@@ -150,6 +150,10 @@ class SymmetricHeapMixin(TensorFactory):
             "num_allocations": len(a.live_blocks()),
         }
 
+    def reserved_region(self, name: str):
+        """The :class:`~trident.runtime.groups.ReservedRegion` ``init(reserve=...)`` kept under ``name``, or None."""
+        return self._resources.peek(f"reserved:{name}")
+
     @functools.cached_property
     def heap_range(self) -> tuple[int, int]:
         """``(lo, hi)``: this rank's heap addresses (what the call cache asks, :mod:`trident.calls`)."""
