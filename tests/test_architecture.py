@@ -24,7 +24,7 @@ LAYERS = {
     "trace": 5,
     "ccl": 6,
     "ops": 7,
-    "testing": 8, "bench": 8, "torch_ops": 8, "dist_backend": 8,
+    "testing": 8, "bench": 8, "torch_ops": 8, "dist_backend": 8, "dist_slots": 8,
     "cli": 9, "__main__": 9, "__init__": 9,
 }
 

@@ -28,22 +28,21 @@ Example::
 from __future__ import annotations
 
 import datetime
-import json
 import sys
-import weakref
 
 import torch
 import torch.distributed as dist
 
 from . import ccl
+from .dist_slots import (
+    NAME,
+    Arena,
+    agree_on_slot,
+    current_arena,
+)
 from .errors import ContextClosedError, TridentError
-from .layout import ALLOC_ALIGN
-from .runtime.groups import clear_region, group_in_region, open_contexts, region_bytes
+from .runtime.groups import clear_region, group_in_region
 
-NAME = "trident"
-#: Slots and bytes per slot :func:`reserve` takes by default (64 MiB of heap in all).
-DEFAULT_GROUPS = 4
-DEFAULT_GROUP_BYTES = 16 << 20
 #: Every trident collective (``trident.ccl.OPS``) and the ProcessGroup method that runs it on trident,
 #: or None with why torch.distributed's call cannot reach it (tests/test_registry.py holds every
 #: collective to a row here).
@@ -57,115 +56,6 @@ _OP_NAMES = {dist.ReduceOp.RedOpType.SUM: "sum", dist.ReduceOp.RedOpType.MAX: "m
              dist.ReduceOp.RedOpType.MIN: "min"}
 _REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
               torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
-#: Why a torch group's trident part ended while its context is open.
-SLOTS_ENDED = ("the ctx.heap_scope() in which trident.dist_backend.reserve() made its heap slots has ended and "
-               "freed them; the torch group runs every call on its fallback group (gloo / NCCL) from now on")
-#: The open arena (one per process: a process has one trident context at a time).
-_ARENA: weakref.ref | None = None
-
-
-class _Arena:
-    """The world's slots for torch groups: one heap region (``region``: None allocates it,
-    collectively), cut in equal slots."""
-
-    def __init__(self, ctx, groups: int, group_bytes: int, region: torch.Tensor | None = None):
-        self.ctx, self.groups, self.group_bytes = ctx, groups, group_bytes
-        self.slot_bytes = region_bytes(group_bytes)
-        self.region = ctx.zeros(groups * self.slot_bytes, dtype=torch.uint8) if region is None else region
-        self.free = set(range(groups))
-        self.live: set = set()  # the trident groups of the torch groups now in the slots
-        if region is None:
-            ctx.barrier()  # every rank's slots are zeroed before any member signals into them
-
-    def resource_ended(self) -> None:
-        """The slots' memory is gone (the heap_scope reserve() ran in ended, or the context closed):
-        the torch groups in them stop using it (they run on their fallback from now on)."""
-        for group in self.live:
-            group._release(SLOTS_ENDED)
-        self.live.clear()
-        self.region = None
-
-    def slot(self, index: int) -> torch.Tensor:
-        return self.region[index * self.slot_bytes:(index + 1) * self.slot_bytes]
-
-
-#: Slots ``trident.init`` keeps for torch groups unless told otherwise (``dist_groups``).
-INIT_SLOTS = 4
-
-
-def init_slots(heap_size: int, count) -> tuple[int, int]:
-    """``(slots, bytes per slot's workspace)`` that ``trident.init(dist_groups=count)`` keeps: each
-    slot ``heap_size / 64`` bytes, all of them at most 1/8 of the heap (else none). ``count`` may
-    also be the kept region (its slots follow from its size).
-
-    Example::
-
-        trident.init(reserve={"trident": init_bytes(1 << 30, 4)})   # what trident.init does
-    """
-    group_bytes = heap_size // 64 // ALLOC_ALIGN * ALLOC_ALIGN
-    if not isinstance(count, int):  # the region trident.init kept
-        return (count.nbytes // region_bytes(group_bytes) if group_bytes else 0), group_bytes
-    if isinstance(count, bool) or count < 0:
-        raise ValueError(f"dist_groups={count!r} must be an int >= 0 (slots for torch groups of backend 'trident')")
-    fits = count and group_bytes and count * region_bytes(group_bytes) <= heap_size // 8
-    return (count if fits else 0), group_bytes
-
-
-def init_bytes(heap_size: int, count: int) -> int:
-    """Heap bytes ``trident.init`` keeps for ``count`` torch-group slots (see :func:`init_slots`)."""
-    slots, group_bytes = init_slots(heap_size, count)
-    return slots * region_bytes(group_bytes)
-
-
-def reserve(ctx, groups: int = DEFAULT_GROUPS, group_bytes: int = DEFAULT_GROUP_BYTES) -> None:
-    """Reserve heap for ``groups`` torch.distributed groups with backend "trident" (collective over the world).
-
-    Call it on every rank after :func:`trident.init` and before ``dist.new_group(...,
-    backend="trident")``. A rank may be in at most ``groups`` live trident torch groups at once;
-    each group's collectives run on trident for messages up to ``group_bytes / 4`` bytes (larger
-    ones go to the fallback). The reservation lasts until the context closes (or the
-    ``ctx.heap_scope()`` it was made in ends); calling it again with the same sizes does nothing.
-
-    Args:
-        ctx: the world's context.
-        groups: slots (live groups per rank).
-        group_bytes: each slot's workspace bytes.
-
-    Example::
-
-        trident.dist_backend.reserve(ctx, groups=2, group_bytes=64 << 20)
-    """
-    global _ARENA
-    groups, group_bytes = int(groups), int(group_bytes)
-    if groups < 1 or group_bytes < 1:
-        raise ValueError(f"rank {ctx.rank}: reserve: groups={groups} and group_bytes={group_bytes} must be positive")
-    arena = ctx.resource("dist_backend.arena", lambda: _Arena(ctx, groups, group_bytes))
-    if (arena.groups, arena.group_bytes) != (groups, group_bytes):
-        raise TridentError(f"rank {ctx.rank}: reserve: already reserved {arena.groups} groups of "
-                           f"{arena.group_bytes} bytes for this context; it cannot change while it is open")
-    _ARENA = weakref.ref(arena)
-
-
-def _arena() -> _Arena:
-    """The slots of :func:`reserve` if it ran (and its context and heap_scope are still open), else
-    the ones ``trident.init`` kept."""
-    arena = _ARENA() if _ARENA is not None else None
-    # Gone with its context, or with the heap_scope() it was made in (its heap is freed then).
-    if arena is not None and not arena.ctx._closed and arena.ctx._resources.peek("dist_backend.arena") is arena:
-        return arena
-    for ctx in open_contexts():
-        region = ctx.reserved_region(NAME)  # what trident.init kept for us (init_slots)
-        if region is not None and region.nbytes:
-            if region.owner is None:
-                count, group_bytes = init_slots(ctx.heap_size, region)
-                region.owner = _Arena(ctx, count, group_bytes, region.tensor[:count * region_bytes(group_bytes)])
-            return region.owner
-    raise TridentError("dist.new_group(backend='trident') needs heap slots for torch groups, and this "
-                       "process's trident context keeps none (trident.init(dist_groups=0), or a heap too small): "
-                       "pass trident.init(dist_groups=N), or call trident.dist_backend.reserve(ctx, groups=N) on "
-                       "every rank before creating the group")
-
-
 class _Done(dist.Work):
     """A completed Work: trident launched its kernel on the current stream, as NCCL would. Its
     future is made only when asked for (most callers only ``wait()``, and a torch Future made on
@@ -208,21 +98,6 @@ def _make_fallback(ctx, store, rank: int, size: int, timeout) -> dist.ProcessGro
     return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
-def _agree_on_slot(arena: _Arena, store, rank: int, size: int, group_id: str, timeout) -> int:
-    """The lowest slot free on every member (they post their free slots to the group's store)."""
-    store.set(f"trident/free/{rank}", json.dumps(sorted(arena.free)))
-    keys = [f"trident/free/{r}" for r in range(size)]
-    store.wait(keys, timeout)
-    common = set.intersection(*(set(json.loads(store.get(k))) for k in keys))
-    if not common:
-        raise TridentError(
-            f"rank {arena.ctx.rank}: dist.new_group(backend='trident') (group {group_id!r}): no heap slot is free "
-            f"on every member: each rank has {arena.groups} (in use here: {arena.groups - len(arena.free)}); "
-            f"destroy groups no longer needed, or keep more: trident.init(dist_groups=N), or groups= in "
-            f"trident.dist_backend.reserve(ctx, groups=N)")
-    return min(common)
-
-
 class TridentProcessGroup(dist.ProcessGroup):
     """A torch.distributed process group whose common collectives run on :mod:`trident.ccl`.
 
@@ -232,7 +107,7 @@ class TridentProcessGroup(dist.ProcessGroup):
     the all-reduce algorithm (a row of ``trident.ccl.ALL_REDUCE_ALGORITHMS``, or "auto").
     """
 
-    def __init__(self, arena: _Arena, slot: int, ranks, group_id: str, fallback, rank: int, size: int):
+    def __init__(self, arena: Arena, slot: int, ranks, group_id: str, fallback, rank: int, size: int):
         super().__init__(rank, size)
         self.ctx, self.fallback, self._arena, self._slot = arena.ctx, fallback, arena, slot
         self.group = group_in_region(arena.ctx, ranks, arena.slot(slot), f"{arena.ctx.group_name}-pg{group_id}")
@@ -385,14 +260,14 @@ for _name in FALLBACK_OPS:
 
 def _create(options, pg_options=None) -> TridentProcessGroup:
     """The backend's creator (torch's extended API): runs on the new group's member ranks."""
-    arena = _arena()
+    arena = current_arena()
     store, rank, size = options.store, options.group_rank, options.group_size
     timeout = options.timeout if isinstance(options.timeout, datetime.timedelta) else datetime.timedelta(seconds=300)
     ranks = list(options.global_ranks_in_group) or list(range(size))
     if dist.get_world_size() != arena.ctx.world_size:
         raise TridentError(f"rank {arena.ctx.rank}: the torch world ({dist.get_world_size()} ranks) is not "
                            f"trident's ({arena.ctx.world_size}): the trident backend needs them to be one")
-    slot = _agree_on_slot(arena, store, rank, size, str(options.group_id), timeout)
+    slot = agree_on_slot(arena, store, rank, size, str(options.group_id), timeout)
     arena.free.discard(slot)
     try:
         clear_region(arena.slot(slot))  # the barrier words a previous group may have left
