@@ -34,11 +34,18 @@ import torch
 import torch.distributed as dist
 
 from . import ccl
-from .dist_slots import (
+from .dist_slots import (  # the public ones are this module's too: trident.dist_backend.reserve(...)
+    DEFAULT_GROUP_BYTES,
+    DEFAULT_GROUPS,
+    INIT_SLOTS,
     NAME,
+    SLOTS_ENDED,
     Arena,
     agree_on_slot,
     current_arena,
+    init_bytes,
+    init_slots,
+    reserve,
 )
 from .errors import ContextClosedError, TridentError
 from .runtime.groups import clear_region, group_in_region
@@ -297,3 +304,7 @@ def register() -> None:
     if NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+__all__ = ["NAME", "DEFAULT_GROUPS", "DEFAULT_GROUP_BYTES", "INIT_SLOTS", "SLOTS_ENDED", "COLLECTIVE_METHODS",
+           "TridentProcessGroup", "init_bytes", "init_slots", "register", "reserve"]
