@@ -53,9 +53,11 @@ def test_heap_exhaustion_in_a_collective_leaves_no_dangling_buffer():
         pool.close()
     for raised, y, again, fused_raised, z, C in results:
         assert "heap" in raised.lower() and "bytes" in raised, raised
+        assert "trident all_reduce needs its 'input' staging buffer to grow" in raised, raised  # not ctx.empty(...)
         assert y == [42.0] * 1000  # the user's tensor was not overwritten by the workspace
         assert again == [float(sum(range(2)))] * 1000
         assert "heap" in fused_raised.lower() and "bytes" in fused_raised, fused_raised
+        assert "trident gemm_reduce_scatter needs its partial-sum slots to grow" in fused_raised, fused_raised
         assert z == [-3.0] * 2000  # nor by the fused op's slots
         assert C == [[32.0] * 32] * 8  # 16 ones summed over 2 ranks
 
