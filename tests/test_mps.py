@@ -94,3 +94,21 @@ def test_sm_share():
     assert [mps.sm_share(n) for n in (1, 2, 3, 4, 8)] == [100, 50, 33, 25, 12]
     with pytest.raises(ValueError):
         mps.sm_share(0)
+
+
+def test_the_launcher_names_the_rank_that_faulted_under_mps_or_says_it_is_unknown():
+    """Under MPS one client's GPU fault ends every client: the first rank to exit is not the culprit."""
+    import signal
+
+    from trident.runtime.launcher import describe_failures
+
+    # Without MPS, or alone: the first failure, as before.
+    assert describe_failures([(0, 3), (1, -signal.SIGKILL)], mps=False) == (0, "rank 0 exited with code 3")
+    assert describe_failures([(1, 3)], mps=True) == (1, "rank 1 exited with code 3")
+    # A rank killed mid-kernel: it is the origin, and the others' failures are named as its fallout.
+    rank, line = describe_failures([(0, 1), (1, -signal.SIGKILL), (2, 1)], mps=True)
+    assert rank == 1 and line.startswith("rank 1 was killed by SIGKILL") and "MPS fault domain" in line
+    assert "rank 0 exited with code 1; rank 2 exited with code 1" in line
+    # A bad address in one rank: every rank exits with a code, and the origin cannot be known.
+    rank, line = describe_failures([(0, 3), (1, 3)], mps=True)
+    assert rank == 0 and "ranks [0, 1] failed together under MPS" in line and "not known" in line

@@ -53,9 +53,11 @@ def test_heap_exhaustion_in_a_collective_leaves_no_dangling_buffer():
         pool.close()
     for raised, y, again, fused_raised, z, C in results:
         assert "heap" in raised.lower() and "bytes" in raised, raised
+        assert "trident all_reduce needs its 'input' staging buffer to grow" in raised, raised  # not ctx.empty(...)
         assert y == [42.0] * 1000  # the user's tensor was not overwritten by the workspace
         assert again == [float(sum(range(2)))] * 1000
         assert "heap" in fused_raised.lower() and "bytes" in fused_raised, fused_raised
+        assert "trident gemm_reduce_scatter needs its partial-sum slots to grow" in fused_raised, fused_raised
         assert z == [-3.0] * 2000  # nor by the fused op's slots
         assert C == [[32.0] * 32] * 8  # 16 ones summed over 2 ranks
 
@@ -246,3 +248,38 @@ def test_collectives_refuse_bare_int_ops_complex_aliasing_and_float_splits(pool2
     assert "complex" in messages["complex"] and "view_as_real" in messages["complex"], messages
     assert "share memory" in messages["in-place all_to_all"], messages
     assert "integer row counts" in messages["float splits"], messages
+
+
+# -- a collective whose peer never arrives gives up after wait_timeout, not a multiple of it ---------
+
+
+def _peer_never_arrives(ctx):
+    import time
+
+    x = torch.ones(256, device=ctx.device)
+    trident.ccl.all_reduce(ctx, x)  # warm: no host barrier (workspace) left in the timed call
+    ctx.barrier()
+    elapsed, raised = None, ""
+    if ctx.rank == 0:
+        ctx.wait_timeout = 2.0
+        start = time.monotonic()
+        try:
+            trident.ccl.all_reduce(ctx, x)  # rank 1 never calls it
+            ctx.check()
+        except trident.RankTimeoutError as exc:
+            raised = str(exc)
+        elapsed = time.monotonic() - start
+    ctx.all_gather_object("rank 0 gave up", None)  # rank 1 waits here meanwhile
+    return elapsed, raised
+
+
+def test_a_collective_whose_peer_never_arrives_gives_up_after_one_wait_timeout():
+    """Two waits in a row each waited the whole timeout on the GPU (2 x 3 s), and the simulator's
+    waits read the clock only every 256 interpreted polls (5.6 s for 2 s)."""
+    pool = RankPool(2, **POOL_KWARGS)  # its own ranks: the timed-out call leaves them out of step
+    try:
+        (elapsed, raised), _ = pool.run(_peer_never_arrives)
+    finally:
+        pool.close()
+    assert "timed out after 2 s" in raised and "rank 0" in raised, raised
+    assert 2.0 <= elapsed < 3.5, f"gave up after {elapsed:.1f} s with wait_timeout = 2 s"

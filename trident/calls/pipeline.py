@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import Callable
 
 from ..errors import TopologyError
+from ..runtime.resources import note_call
 from .cache import layout_key
 from .recording import Recording
 
@@ -79,6 +80,7 @@ def run_call(team, op: Op, tensors: tuple, options: tuple = ()):
         if not getattr(op.across_nodes, "refuses", False):  # a refusal says so before any check
             _check(team, op, tensors, options)
         return op.across_nodes(team, tensors, options)
+    note_call(team, op.name)  # inside capture, the team's buffers are kept for the graph's replays
     cache = team.call_cache
     key = None
     if not team.debug and (op.cacheable is None or op.cacheable(options)):

@@ -50,7 +50,7 @@ class Workspace:
         """
         grower = self._buffers.get(name)
         if grower is None:
-            grower = self._buffers[name] = GrowingBuffer(self.ctx)
+            grower = self._buffers[name] = GrowingBuffer(self.ctx, what=f"its {name!r} staging buffer")
         nbytes = numel * dtype.itemsize
         # A buffer that grows starts a new generation of the context's resources: the recorded
         # calls that launched on the old one are dropped (trident.calls.cache).

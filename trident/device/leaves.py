@@ -26,6 +26,10 @@ from ..faults import (
 
 if platform.SIMULATOR:
 
+    #: Polls between two reads of the clock in a wait. Few: the interpreter takes milliseconds per
+    #: poll, and 256 of them made a wait overrun its timeout by seconds.
+    SPIN_POLLS = tl.constexpr(4)
+
     def now_ns():
         """Nanoseconds from a monotonic clock (the host clock in the simulator)."""
         return time.monotonic_ns()
@@ -64,6 +68,9 @@ if platform.SIMULATOR:
         return int(data.item()) if hasattr(data, "item") else int(data)
 
 else:
+
+    #: Polls between two reads of the clock in a wait (a poll is a few hundred nanoseconds).
+    SPIN_POLLS = tl.constexpr(256)
 
     @triton.jit
     def now_ns():

@@ -20,19 +20,21 @@ import triton.language as tl
 
 from .. import layout
 from .atomics import atomic_add, atomic_xchg
-from .leaves import backoff, now_ns, on_wait_timeout
+from .leaves import SPIN_POLLS, backoff, now_ns, on_wait_timeout
 from .memory import control_block, record_fault, translate
 
 _WAIT_TIMEOUT_NS = tl.constexpr(layout.WAIT_TIMEOUT_NS)
 _ABORT_ADDR = tl.constexpr(layout.ABORT_ADDR)
-# Volatile polls between two full checks (ordered read, clock).
-_SPIN_POLLS = tl.constexpr(256)
+# Volatile polls between two full checks (ordered read, clock): fewer in the simulator.
+_SPIN_POLLS = SPIN_POLLS
 # The host's abort word is read only once a wait has lasted this long: on GPUs it lives in pinned
 # host memory, and a program reading host memory while it spins slows kernels on the other SMs by
 # orders of magnitude (docs/results/journal.md, 2026-12-03). Short waits never touch it.
 _ABORT_AFTER_NS = tl.constexpr(5_000_000)
 _ERR_WAIT_TIMEOUT = tl.constexpr(layout.ERR_WAIT_TIMEOUT)
 _ERR_ABORTED = tl.constexpr(layout.ERR_ABORTED)
+_ERROR_COUNT = tl.constexpr(layout.ERROR_COUNT)
+_ERROR_KIND = tl.constexpr(layout.ERROR_KIND)
 
 
 @triton.jit
@@ -162,7 +164,12 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
         timeout_ns = tl.load(ctrl + _WAIT_TIMEOUT_NS)
         abort_word = tl.load(ctrl + _ABORT_ADDR).to(tl.pointer_type(tl.int64))
         start = now_ns()
-        gave_up = done
+        # A wait of this rank already gave up and the host has not raised it yet: ranks are out of
+        # step, and waiting the whole timeout again only delays the error (a collective's second
+        # wait made it fail after 2x wait_timeout on the GPU). Give up at once, as the first did.
+        kind = tl.load(ctrl + _ERROR_KIND, volatile=True)
+        pending = tl.load(ctrl + _ERROR_COUNT, volatile=True) != 0
+        gave_up = (done == 0) & pending & ((kind == _ERR_WAIT_TIMEOUT) | (kind == _ERR_ABORTED))
         aborted = done != 0
         while (done == 0) & (gave_up == 0):
             _spin(remote, value, cmp, mask)

@@ -97,7 +97,7 @@ def sync_block(ctx, flags: int = 0) -> torch.Tensor:
         sync = sync_block(ctx, flags=tiles)
         kernel[grid](..., sync, trace_ptr, ctx.rank, ctx.world_size, ctx.heap_bases, ...)
     """
-    block = ctx.resource("ops.sync", lambda: GrowingBuffer(ctx, zeroed=True))
+    block = ctx.resource("ops.sync", lambda: GrowingBuffer(ctx, zeroed=True, what="its sync block"))
     return block.view(sync_words(ctx.world_size, flags), torch.int64)
 
 

@@ -77,7 +77,8 @@ def _slots(call: FusedCall, rows: int) -> torch.Tensor:
     """W slots of ``rows x N`` (one heap buffer per op, kept and grown per context): rank s stores
     its partial of my rows into my ``slots[s]``."""
     N, W = call.B.shape[1], call.ctx.world_size
-    buffer = call.ctx.resource(f"ops.{call.spec.name}.slots", lambda: GrowingBuffer(call.ctx))
+    buffer = call.ctx.resource(f"ops.{call.spec.name}.slots",
+                               lambda: GrowingBuffer(call.ctx, what="its partial-sum slots"))
     return buffer.view(W * rows * N, call.A.dtype).view(W, rows, N)
 
 

@@ -13,12 +13,7 @@ import torch
 from .. import config, layout
 from .. import platform as _platform
 from ..calls.cache import CallCache
-from ..errors import (
-    ContextClosedError,
-    DeviceError,
-    DivergenceError,
-    RankTimeoutError,
-)
+from ..errors import ContextClosedError, DeviceError, DivergenceError, RankTimeoutError
 from ..faults import fault_error
 from . import group_life, groups, pickling
 from .allocator import SymmetricAllocator
@@ -26,7 +21,7 @@ from .control import ControlBlock
 from .heap import SymmetricHeapMixin
 from .nodes import Hierarchy, Topology, node_key
 from .rendezvous import Rendezvous, join_process_group
-from .resources import Resources
+from .resources import Resources, refuse_in_capture
 from .timeouts import _seconds
 from .watchdog import RankWatchdog, identity
 
@@ -235,7 +230,7 @@ class Context(SymmetricHeapMixin):
             ws = ctx.resource("ccl.workspace", lambda: Workspace(ctx))
         """
         self._check_open()
-        return self._resources.get(key, factory)
+        return self._resources.get(key, factory, self)
 
     def all_gather_object(self, what: str, value) -> list:
         """Every rank's picklable ``value``, in rank order (collective, host-side, through the store).
@@ -297,6 +292,7 @@ class Context(SymmetricHeapMixin):
             ctx.check()
         """
         self._check_open()
+        refuse_in_capture(self, "ctx.check() and ctx.barrier()")  # before synchronizing: see the function
         self._backend.synchronize()
         fault = self._control.take_fault()
         if fault is not None:

@@ -40,7 +40,7 @@ from .. import layout
 from ..calls.cache import CallCache
 from ..errors import ContextClosedError, DivergenceError, HeapExhaustedError, TopologyError, TridentError
 from .allocator import SymmetricAllocator
-from .resources import Resources
+from .resources import Resources, refuse_in_capture
 
 _BY_NAME: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
@@ -160,7 +160,7 @@ class Group:
     def resource(self, key: str, factory):
         """The group's own per-key state (its collective workspace), made on first use."""
         self._check_usable("run a collective")
-        return self._resources.get(key, factory)
+        return self._resources.get(key, factory, self)
 
     def empty(self, numel: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
         """``numel`` elements in the group's region (collective over the members)."""
@@ -212,6 +212,7 @@ class Group:
         Also raises this rank's device faults, and a :class:`DivergenceError` when the members'
         allocations in the group's region (``g.empty``/``g.zeros``/``g.free``) have gone out of step.
         """
+        refuse_in_capture(self, "g.barrier()")  # before its device barrier is captured
         self.device_barrier()
         self.ctx.check()
         self._compare_digests("g.barrier()")

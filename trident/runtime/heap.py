@@ -101,6 +101,7 @@ class SymmetricHeapMixin(TensorFactory):
                 for buffer in list(self._resources.buffers):
                     if buffer.tensor is not None and self.heap_offset(buffer.tensor) not in before:
                         buffer.forget()
+                    buffer.kept = [t for t in buffer.kept if self.heap_offset(t) in before]  # the block frees the rest
                 for block in self._allocator.live_blocks():
                     if block.offset not in before:
                         self._allocator.free(block.offset)
@@ -148,6 +149,8 @@ class SymmetricHeapMixin(TensorFactory):
             "allocated_bytes": a.allocated_bytes, "free_bytes": a.free_bytes,
             "largest_free_block": a.largest_free_block, "peak_allocated_bytes": a.peak,
             "num_allocations": len(a.live_blocks()),
+            # buffers that grew after a CUDA graph captured them keep the old memory for its replays
+            "kept_for_graphs_bytes": sum(t.numel() for b in list(self._resources.buffers) for t in b.kept),
         }
 
     def reserved_region(self, name: str):

@@ -233,7 +233,7 @@ def run(nprocs: int, command: list[str], grace: float = DEFAULT_GRACE, env: dict
                 return 1
             _say(f"MPS daemon started: each rank may use {daemon.share}% of its GPU's SMs")
         job.start(nprocs, command, env)
-        return _watch(job, grace, received)
+        return _watch(job, grace, received, mps)
     finally:
         job.finish(grace)
         if daemon is not None:
@@ -247,9 +247,39 @@ def ranks_per_gpu(nprocs: int) -> int:
     return -(-nprocs // max(gpus_visible(), 1))
 
 
-def _watch(job: _Job, grace: float, received: list[int]) -> int:
+#: Seconds the launcher under MPS waits after a first failure for the ranks that fail with it.
+MPS_WINDOW = 1.0
+
+
+def describe_failures(failures: list[tuple[int, int]], mps: bool) -> tuple[int, str]:
+    """``(rank, line)``: the rank to blame for ``failures`` (``(rank, returncode)`` in exit order) and
+    the launcher's line about them.
+
+    Without MPS the first failure is named. Under MPS a fatal GPU fault of one client (a bad address,
+    a rank killed while its kernel runs) ends the GPU work of every client of the daemon, so the rank
+    that exited first is often not the one that faulted: a rank killed by a signal is named as the
+    origin; ranks that all exited with codes are named together, the origin unknown.
+    """
+    rank, code = failures[0]
+    if not mps or len(failures) < 2:
+        return rank, f"rank {rank} {describe_exit(code)}"
+    signalled = [(r, c) for r, c in failures if c < 0]
+    others = "; ".join(f"rank {r} {describe_exit(c)}" for r, c in failures if (r, c) not in signalled[:1])
+    if signalled:
+        rank, code = signalled[0]
+        return rank, (f"rank {rank} {describe_exit(code)}; under MPS a rank that dies while its kernel runs ends "
+                      f"the GPU work of every rank sharing the daemon (the MPS fault domain), so these failed with "
+                      f"it: {others}")
+    return rank, (f"ranks {sorted(r for r, _ in failures)} failed together under MPS ({others}): a GPU fault in one "
+                  f"MPS client ends every client of the daemon, so which rank faulted is not known; run without "
+                  f"--mps, or with TRIDENT_DEBUG=1, to find it")
+
+
+def _watch(job: _Job, grace: float, received: list[int], mps: bool = False) -> int:
     """The wait loop of :func:`run`: every rank on every pass, signals as they come."""
-    first = None  # (rank, returncode) of the first failure
+    first = None  # (rank, returncode) of the failure the launcher names
+    together: list[tuple[int, int]] = []  # under MPS: the failures within MPS_WINDOW of the first
+    report_at = None  # under MPS: when to name them
     stopped_by = None  # the first signal the launcher got
     term_at = kill_at = None  # when to SIGTERM / SIGKILL the ranks still running
     handled = 0
@@ -257,14 +287,21 @@ def _watch(job: _Job, grace: float, received: list[int]) -> int:
         try:
             rank, code = job.exits.get(timeout=0.05)
             job.running.discard(rank)
+            if code != 0 and report_at is not None:
+                together.append((rank, code))
             if code != 0 and first is None and stopped_by is None:
                 first, job.stopping = (rank, code), True
-                _say(f"rank {rank} {describe_exit(code)}")
+                if mps:  # name them once the ranks failing with it have exited too
+                    together, report_at = [(rank, code)], time.monotonic() + min(MPS_WINDOW, grace)
+                else:
+                    _say(f"rank {rank} {describe_exit(code)}")
                 term_at = time.monotonic() + grace
             continue  # drain every exit already queued before acting on the clock
         except queue.Empty:
             pass
         now = time.monotonic()
+        if report_at is not None and now >= report_at:
+            first, report_at = _name_failures(together, first), None
         while handled < len(received):
             sig = signal.Signals(received[handled])
             handled += 1
@@ -288,6 +325,15 @@ def _watch(job: _Job, grace: float, received: list[int]) -> int:
             sent = job.send(signal.SIGKILL)
             if sent:
                 _say(f"sent SIGKILL to ranks {sent}")
+    if report_at is not None:
+        first = _name_failures(together, first)
     if first is not None:
         return shell_status(first[1])
     return 128 + stopped_by if stopped_by is not None else 0
+
+
+def _name_failures(together: list[tuple[int, int]], first: tuple[int, int]) -> tuple[int, int]:
+    """Say which rank failed (:func:`describe_failures`, under MPS); returns ``(rank, returncode)`` to blame."""
+    rank, line = describe_failures(together, mps=True)
+    _say(line)
+    return rank, dict(together).get(rank, first[1])

@@ -16,6 +16,7 @@ import time
 
 import torch.distributed as dist
 
+from .. import platform as _platform
 from ..errors import DivergenceError, RankTimeoutError
 
 
@@ -79,7 +80,8 @@ def join_process_group(backend: str, timeout: float) -> tuple[dist.Store, int, i
 
     Args:
         backend: trident's backend ("cuda" or "sim"); picks the torch.distributed backends
-            of a group trident creates ("cpu:gloo,cuda:nccl" or "gloo").
+            of a group trident creates: "cpu:gloo,cuda:nccl" with a GPU per rank, else "gloo"
+            (ranks sharing a GPU, where NCCL cannot run: ``ctx.platform.nccl_usable`` is False).
         timeout: seconds to wait for every rank to arrive.
 
     Returns:
@@ -114,7 +116,10 @@ def join_process_group(backend: str, timeout: float) -> tuple[dist.Store, int, i
             f"rank 0 hosts it: has it started? ({exc})"
         ) from exc
     _check_world_size(store, rank, world, timeout)
-    torch_backend = "cpu:gloo,cuda:nccl" if backend == "cuda" else "gloo"
+    # NCCL needs a GPU per rank ("Duplicate GPU detected" otherwise, and its heartbeat thread warns
+    # once a second after a peer exits): where ranks share a GPU, gloo serves cuda tensors too.
+    nccl = backend == "cuda" and world <= _platform.gpus_visible()
+    torch_backend = "cpu:gloo,cuda:nccl" if nccl else "gloo"
     dist.init_process_group(torch_backend, store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=max(timeout, 60)))
     atexit.register(_destroy_process_group)  # the group is ours: tidy it away at exit

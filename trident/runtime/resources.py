@@ -17,12 +17,41 @@ from collections.abc import Callable
 
 import torch
 
-from ..errors import TridentError
+from ..errors import HeapExhaustedError, TridentError
 
 
 def _capturing(ctx) -> bool:
     """Whether this rank's current stream is being captured into a CUDA graph (never in the simulator)."""
     return not ctx.platform.simulator and torch.cuda.is_current_stream_capturing()
+
+
+def refuse_in_capture(team, what: str) -> None:
+    """Raise a :class:`TridentError` if ``team``'s stream is being captured into a CUDA graph.
+
+    Called *before* anything touches the stream: a host synchronization or an allocation inside
+    capture makes CUDA invalidate the capture ("operation not permitted when stream is
+    capturing") and leaves torch's CUDA random generator unusable for the rest of the process.
+    """
+    if _capturing(team):
+        raise TridentError(
+            f"rank {team.rank}: {what} cannot run inside CUDA-graph capture (it synchronizes with the host or "
+            f"allocates, which capture forbids). Make the same trident call (same sizes) once before capturing, "
+            f"so that its buffers exist; inside a graph use ctx.device_barrier() instead of ctx.barrier()")
+
+
+def note_call(team, name: str) -> None:
+    """Every trident call tells its team's resources it runs (:func:`trident.calls.run_call`).
+
+    Inside CUDA-graph capture every :class:`GrowingBuffer` of the team that holds memory now is
+    marked *captured*: the graph may replay on that memory, so it is never freed while the team
+    lives (see :meth:`GrowingBuffer.get`). ``name`` (the op) is what a heap-exhaustion error names.
+    """
+    resources = team._resources
+    resources.calling = name
+    if _capturing(team):
+        for buffer in list(resources.buffers):
+            if buffer.tensor is not None:
+                buffer.captured = True
 
 
 class Resources:
@@ -39,6 +68,7 @@ class Resources:
         self.generation = 0
         self.caches: weakref.WeakSet = weakref.WeakSet()  # the call caches whose recordings use this memory
         self.buffers: weakref.WeakSet[GrowingBuffer] = weakref.WeakSet()  # every GrowingBuffer of the context
+        self.calling = ""  # the trident op called last (note_call): named when a buffer cannot grow
 
     def moved(self) -> None:
         """Heap memory behind the resources may have moved: a new generation, and every call cache
@@ -47,9 +77,15 @@ class Resources:
         for cache in list(self.caches):
             cache.clear()
 
-    def get(self, key: str, factory: Callable[[], object]) -> object:
-        """The resource under ``key``, made by ``factory()`` on first use."""
+    def get(self, key: str, factory: Callable[[], object], team=None) -> object:
+        """The resource under ``key``, made by ``factory()`` on first use.
+
+        With ``team`` (a context or group), making it inside CUDA-graph capture is refused with a
+        :class:`TridentError` before ``factory`` runs: factories allocate and take barriers.
+        """
         if key not in self._items:
+            if team is not None:
+                refuse_in_capture(team, f"the first trident call that needs {key!r}")
             self._items[key] = factory()
         return self._items[key]
 
@@ -92,7 +128,13 @@ class GrowingBuffer:
 
     Growing waits on the device until no rank's earlier kernel still uses the old buffer
     (``ctx.device_barrier()``), frees it, then allocates the new one. If the heap is exhausted
-    the buffer is *gone* (the next call allocates afresh), never a pointer to freed memory.
+    the buffer is *gone* (the next call allocates afresh), never a pointer to freed memory, and
+    the :class:`HeapExhaustedError` names the buffer and the op that asked.
+
+    A buffer that a call used inside CUDA-graph capture is *captured* (:func:`note_call`): a graph
+    may replay on it at any time, so when an eager call later makes it grow, the old memory is
+    *kept* (in :attr:`kept`, never freed while the team lives; ``ctx.memory_stats()["kept_for_graphs_bytes"]``)
+    instead of being freed, and a replay never writes into memory a later allocation owns.
     With ``zeroed`` the new memory is zeroed and a second device barrier makes sure every rank
     has zeroed its copy before any peer writes into it (flags that peers signal into).
 
@@ -102,10 +144,13 @@ class GrowingBuffer:
         words = flags.get(tiles * 8).view(torch.int64)
     """
 
-    def __init__(self, ctx, zeroed: bool = False):
+    def __init__(self, ctx, zeroed: bool = False, what: str = "a trident buffer"):
         self.ctx = ctx
         self.zeroed = zeroed
+        self.what = what
         self.tensor: torch.Tensor | None = None
+        self.captured = False  # a call used self.tensor inside CUDA-graph capture
+        self.kept: list[torch.Tensor] = []  # earlier captured memory, kept for graphs' replays
         ctx._resources.buffers.add(self)
 
     def get(self, nbytes: int) -> torch.Tensor:
@@ -128,19 +173,37 @@ class GrowingBuffer:
                 self.ctx.device_barrier()  # no rank's earlier kernel still uses the old buffer
                 old, self.tensor = self.tensor, None  # gone before freed: nothing points at freed memory
                 self.ctx._resources.moved()  # nor a recorded call (trident.calls)
-                self.ctx.free(old)
+                if self.captured:  # a graph may replay on it: never free it (docs/pytorch.md, CUDA graphs)
+                    self.kept.append(old)
+                    self.captured = False
+                else:
+                    self.ctx.free(old)
             size = 1 << (nbytes - 1).bit_length()
-            fresh = self.ctx.zeros(size, dtype=torch.uint8) if self.zeroed else self.ctx.empty(size, dtype=torch.uint8)
+            fresh = self._allocate(size)
             if self.zeroed:
                 self.ctx.device_barrier()  # every rank zeroed its copy before any peer writes into it
             self.tensor = fresh
+        elif _capturing(self.ctx):
+            self.captured = True
         return self.tensor[:nbytes]
+
+    def _allocate(self, size: int) -> torch.Tensor:
+        """``size`` fresh bytes; heap exhaustion names this buffer and the op that asked for it."""
+        try:
+            return self.ctx.zeros(size, dtype=torch.uint8) if self.zeroed else self.ctx.empty(size, dtype=torch.uint8)
+        except HeapExhaustedError as exc:
+            op = self.ctx._resources.calling
+            raise HeapExhaustedError(
+                f"rank {self.ctx.rank}: {f'trident {op}' if op else 'a trident call'} needs {self.what} to grow "
+                f"to {size} bytes (a power of two at least the call's size), and the symmetric heap cannot hold it: "
+                f"{exc}") from None
 
     def forget(self) -> None:
         """Let go of the memory without freeing it (its owner frees it, e.g. ``heap_scope``): the
         next call allocates afresh."""
         if self.tensor is not None:
             self.tensor = None
+            self.captured = False
             self.ctx._resources.moved()
 
     def view(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
