@@ -81,6 +81,7 @@ def run_call(team, op: Op, tensors: tuple, options: tuple = ()):
             _check(team, op, tensors, options)
         return op.across_nodes(team, tensors, options)
     note_call(team, op.name)  # inside capture, the team's buffers are kept for the graph's replays
+    note_call(team, op.name)  # inside CUDA-graph capture: the buffers it may replay on are kept
     cache = team.call_cache
     key = None
     if not team.debug and (op.cacheable is None or op.cacheable(options)):
