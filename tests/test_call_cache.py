@@ -412,3 +412,16 @@ def test_replayable_patterns_launch_only_through_the_recording(pool2, op, patter
     """A kernel launched around the recording would be skipped by every replay: none may be."""
     for launched, recorded, replayed in pool2.run(_launches_match_recording, op, pattern):
         assert replayed and launched and launched == recorded, (launched, recorded)
+
+
+def test_a_launch_hook_is_seen_only_when_one_is_set():
+    """Recorded launches skip Triton's runner unless a profiler set a launch hook (an empty
+    HookChain, Triton's default since 3.5, is no hook)."""
+    from trident.kernels.prepared import _hooked
+
+    class Chain:
+        def __init__(self, calls):
+            self.calls = calls
+
+    assert not _hooked(None) and not _hooked(Chain([]))
+    assert _hooked(Chain([print])) and _hooked(print)

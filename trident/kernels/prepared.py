@@ -85,6 +85,11 @@ class PreparedLaunch:
         return lambda: run(*values)
 
 
+def _hooked(hook) -> bool:
+    """Whether a Triton launch hook is set: a function, or a ``HookChain`` (Triton >= 3.5) with calls."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def direct_launcher(compiled, grid: tuple[int, int, int]):
     """``compiled[grid]``'s launch without its per-call Python: the compiled kernel's launcher called
     straight with the function handle, the packed metadata and the current stream of the device the
@@ -108,7 +113,7 @@ def direct_launcher(compiled, grid: tuple[int, int, int]):
     g0, g1, g2 = grid
 
     def launch(*args) -> None:
-        if hooks.launch_enter_hook is not None or hooks.launch_exit_hook is not None:
+        if _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
             runner(*args)
             return
         run(g0, g1, g2, raw_stream(device), function, packed, None, None, None, *args)
