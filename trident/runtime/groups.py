@@ -41,6 +41,7 @@ from ..calls.cache import CallCache
 from ..errors import ContextClosedError, DivergenceError, HeapExhaustedError, TopologyError, TridentError
 from .allocator import SymmetricAllocator
 from .resources import Resources
+from .team import Team
 
 _BY_NAME: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
@@ -239,7 +240,7 @@ class Group:
                 f"order): {listing}")
 
 
-def team(ctx, group):
+def team(ctx: Team, group: Team | None) -> Team:
     """Who a collective or fused op runs over: the whole world (``group`` None) or a :class:`Group`
     of ``ctx``, which answers the same questions (rank, world_size, heap_bases, workspace) in group terms.
 
