@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import pickle
 import weakref
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -42,6 +43,9 @@ from ..errors import ContextClosedError, DivergenceError, HeapExhaustedError, To
 from .allocator import SymmetricAllocator
 from .resources import Resources
 from .team import Team
+
+if TYPE_CHECKING:
+    from .rendezvous import Rendezvous
 
 _BY_NAME: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
@@ -111,7 +115,7 @@ class Group:
         self.heap_range = ctx.heap_range
         self.region_offset = region_offset
         self._released: str | None = None  # why the group can no longer be used (see _release)
-        self._exchange = None  # the members' host-side all-gather (made on first use)
+        self._exchange: Rendezvous | None = None  # the members' host-side all-gather (made on first use)
 
     def who(self, group_rank: int | None = None) -> str:
         """A member named in an error: its world rank, with its group rank beside it."""
@@ -133,7 +137,7 @@ class Group:
         if self._released is None:
             self._released = why
         self._resources.clear()
-        self._region = self._barrier = self._exchange = None
+        self._region = self._barrier = self._exchange = None  # type: ignore[assignment]  # released: every later use is refused first
 
     def __repr__(self) -> str:
         return f"Group({self.group_name!r}, ranks={list(self.ranks)}, rank={self.rank})"

@@ -281,6 +281,7 @@ def _watch(job: _Job, grace: float, received: list[int]) -> int:
             term_at = None
             sent = job.ask_to_stop(signal.SIGTERM)
             if sent:
+                assert first is not None  # term_at is set with the first failure only
                 _say(f"sent SIGTERM to ranks {sent}, still running {grace:g} s after rank {first[0]} failed")
             kill_at = now + grace
         if kill_at is not None and now >= kill_at:

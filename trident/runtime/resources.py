@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from typing import TypeVar, cast
 
 import torch
 
 from ..errors import TridentError
+
+T = TypeVar("T")
 
 
 def _capturing(ctx) -> bool:
@@ -47,11 +50,11 @@ class Resources:
         for cache in list(self.caches):
             cache.clear()
 
-    def get(self, key: str, factory: Callable[[], object]) -> object:
+    def get(self, key: str, factory: Callable[[], T]) -> T:
         """The resource under ``key``, made by ``factory()`` on first use."""
         if key not in self._items:
             self._items[key] = factory()
-        return self._items[key]
+        return cast(T, self._items[key])  # what a factory made for this key (one kind per key)
 
     def peek(self, key: str) -> object | None:
         """The resource under ``key`` if it exists now (never makes one)."""
