@@ -4,7 +4,8 @@ A team is the whole world (a :class:`~trident.runtime.context.Context`), a group
 (:class:`~trident.runtime.groups.Group`) or a node's ranks (:class:`~trident.runtime.nodes.NodeTeam`).
 The collectives, the call pipeline and the fused ops ask only what this protocol lists, in the
 team's own terms (``rank`` is the place in the team, ``heap_bases`` the members' bases in team order).
-It is a type, nothing at run time: ``trident.runtime.groups.team(ctx, group)`` picks the team.
+It is a type, nothing at run time: ``trident.runtime.groups.team(ctx, group)`` picks the team;
+mypy checks that all three satisfy it (``trident/runtime/__init__.py``).
 
 Example::
 
@@ -82,12 +83,3 @@ class Team(Protocol):
 
     def all_gather_object(self, what: str, value: object) -> list: ...
 
-
-if TYPE_CHECKING:
-    from .context import Context
-    from .groups import Group
-    from .nodes import NodeTeam
-
-    def _every_team_is_a_team(ctx: Context, group: Group, node: NodeTeam) -> tuple[Team, Team, Team]:
-        """Checked by mypy only: the three kinds of team satisfy :class:`Team`."""
-        return ctx, group, node
