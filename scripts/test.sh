@@ -8,6 +8,9 @@ cd "$ROOT" || exit 1
 if "$PY" -m ruff --version >/dev/null 2>&1; then
     "$PY" -m ruff check . || exit 1
 fi
+if "$PY" -m mypy --version >/dev/null 2>&1; then  # [tool.mypy] in pyproject.toml: zero errors over trident/
+    "$PY" -m mypy || exit 1
+fi
 if [ "${1:-}" = "--gpu" ]; then
     shift
     status=0

@@ -81,7 +81,7 @@ def init(heap_size: int = _context.DEFAULT_HEAP_SIZE, backend: str | None = None
     return _context.init(heap_size, backend, **kwargs)
 
 
-init.__doc__ += "\n" + (_context.init.__doc__ or "")
+init.__doc__ = (init.__doc__ or "") + "\n" + (_context.init.__doc__ or "")
 
 __all__ = [
     "init", "Context", "spawn", "config", "platform", "ccl", "trace", "torch_ops", "dist_backend",

@@ -59,8 +59,9 @@ COLLECTIVE_METHODS = {
     "all_to_all_v": None,  # all_to_all_single with unequal splits: its input is plain, so it goes to the fallback
 }
 #: The reductions trident runs, by torch's op type (``opts.reduceOp.op``); anything else falls back.
-_OP_NAMES = {dist.ReduceOp.RedOpType.SUM: "sum", dist.ReduceOp.RedOpType.MAX: "max",
-             dist.ReduceOp.RedOpType.MIN: "min"}
+# (torch's stub declares RedOpType without its members)
+_OP_NAMES = {dist.ReduceOp.RedOpType.SUM: "sum", dist.ReduceOp.RedOpType.MAX: "max",  # type: ignore[attr-defined]
+             dist.ReduceOp.RedOpType.MIN: "min"}  # type: ignore[attr-defined]
 _REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
               torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 class _Done(dist.Work):
@@ -85,7 +86,7 @@ class _Done(dist.Work):
         return self._result
 
     def get_future(self) -> torch.futures.Future:
-        future = torch.futures.Future()
+        future: torch.futures.Future = torch.futures.Future()
         future.set_result(self._result)
         return future
 
@@ -95,7 +96,7 @@ def _done(result) -> dist.Work:
     return _Done(result)
 
 
-def _make_fallback(ctx, store, rank: int, size: int, timeout) -> dist.ProcessGroup:
+def _make_fallback(ctx, store, rank: int, size: int, timeout) -> dist.ProcessGroupNCCL | dist.ProcessGroupGloo:
     """The group that runs what trident does not: NCCL with a GPU per rank, gloo otherwise."""
     store = dist.PrefixStore("fallback/", store)
     if ctx.platform.nccl_usable:
@@ -115,7 +116,8 @@ class TridentProcessGroup(dist.ProcessGroup):
     """
 
     def __init__(self, arena: Arena, slot: int, ranks, group_id: str, fallback, rank: int, size: int):
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # torch's stub lists only (store, rank, size)
+        self._slot: int | None  # None once shutdown() gave it back
         self.ctx, self.fallback, self._arena, self._slot = arena.ctx, fallback, arena, slot
         self.group = group_in_region(arena.ctx, ranks, arena.slot(slot), f"{arena.ctx.group_name}-pg{group_id}")
         arena.live.add(self.group)

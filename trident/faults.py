@@ -36,7 +36,8 @@ def fault_error(kind: int) -> type[DeviceError] | type[RankTimeoutError]:
     A device wait that gave up, by its own timeout or aborted by the host because a rank is gone,
     is a :class:`RankTimeoutError`, as the host's waits are; which of the two it was is in the message.
     """
-    waits = {layout.ERR_WAIT_TIMEOUT: RankTimeoutError, layout.ERR_ABORTED: RankTimeoutError}
+    waits: dict[int, type[DeviceError] | type[RankTimeoutError]] = {
+        layout.ERR_WAIT_TIMEOUT: RankTimeoutError, layout.ERR_ABORTED: RankTimeoutError}
     return {**waits, layout.ERR_CAPACITY: CapacityError}.get(kind, DeviceError)
 
 

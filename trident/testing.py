@@ -176,6 +176,7 @@ class RankPool:
         self._collect(timeout, "start-up")
 
     def _collect(self, timeout: float, what: str) -> list:
+        failures: list[str]
         results, failures, digests = [None] * self.world_size, [], set()
         start = time.monotonic()
         deadline = start + timeout

@@ -123,9 +123,9 @@ class CudaBackend(HeapBackend):
         handle = _check(cudart.cudaIpcGetMemHandle(ptr), "cudaIpcGetMemHandle")
         return bytes(handle.reserved)
 
-    def open_peers(self, handles: list[bytes]) -> list[torch.Tensor]:
+    def open_peers(self, handles: list[bytes | None]) -> list[torch.Tensor | None]:
         cudart = _cudart()
-        views = []
+        views: list[torch.Tensor | None] = []
         for peer, raw in enumerate(handles):
             if raw is None:  # a peer in another node: never mapped
                 views.append(None)

@@ -76,7 +76,7 @@ class SimBackend(HeapBackend):
         self.heap_size = heap_size
         return self.path.encode()
 
-    def open_peers(self, handles: list[bytes]) -> list[torch.Tensor]:
+    def open_peers(self, handles: list[bytes | None]) -> list[torch.Tensor | None]:
         return [None if h is None else torch.from_file(h.decode(), shared=True, size=self.heap_size, dtype=torch.uint8)
                 for h in handles]
 

@@ -166,6 +166,7 @@ def run(ctx, args) -> dict:
             row["copy_engine_ms"] = _timed(ctx, args, _copy_engine(ctx, args, x, y, n))
             row["copy_engine_gbps"] = w * moved / (row["copy_engine_ms"] * 1e-3) / 1e9
         if with_nccl:
+            assert gathered is not None  # made when with_nccl
             out, inp = gathered[:w * n], x[:n]
             row["nccl_ms"] = _timed(ctx, args, lambda o=out, i=inp: dist.all_gather_into_tensor(o, i))
             row["nccl_gbps"] = w * moved / (row["nccl_ms"] * 1e-3) / 1e9

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -35,6 +36,7 @@ def _cases(ctx, nbytes: int, dtype: torch.dtype, with_nccl: bool):
     x, big = ctx.randn(n, dtype=dtype), ctx.randn(n * w, dtype=dtype)
     out, small = torch.empty(n * w, dtype=dtype, device=ctx.device), torch.empty(n // w, dtype=dtype, device=ctx.device)
     a2a = torch.empty_like(x)
+    cases: list[tuple[str, str, Callable[..., object]]]
     cases = [("all_reduce", f"trident {alg}", lambda alg=alg: trident.ccl.all_reduce(ctx, x, algorithm=alg))
              for alg in ("one_shot", "two_shot")]
     cases += [("all_gather", "trident", lambda: trident.ccl.all_gather(ctx, big, x)),

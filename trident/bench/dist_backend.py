@@ -79,7 +79,7 @@ def _dispatch_alone(ctx, group, t, args) -> float:
     """Host ms of ``dist.all_reduce`` through the backend with the trident.ccl call replaced by nothing:
     torch.distributed's and the backend's Python alone (rank-local; the kernel never runs)."""
     real = trident.dist_backend.ccl.all_reduce
-    trident.dist_backend.ccl.all_reduce = lambda *a, **k: None
+    trident.dist_backend.ccl.all_reduce = lambda *a, **k: None  # type: ignore[assignment]  # nothing, on purpose
     try:
         timing = harness.measure(torch.device("cpu"), lambda: dist.all_reduce(t, group=group),
                                  args.warmup, max(args.repeats, 100))

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -60,7 +62,7 @@ def bench_shape(M, N, K, dtype, device, configs, warmup, repeats) -> list[dict]:
     rows = [{"shape": [M, N, K], "impl": "torch.matmul", "ms": ms, "host_ms": host_ms, "tflops": flops / ms / 1e9}]
     out = torch.empty(M, N, device=device, dtype=dtype)
     for cfg in configs:
-        row = {"shape": [M, N, K], "impl": "trident", "config": dataclasses.asdict(cfg)}
+        row: dict[str, Any] = {"shape": [M, N, K], "impl": "trident", "config": dataclasses.asdict(cfg)}
         try:
             out.fill_(float("nan"))
             matmul(A, B, out=out, config=cfg)
@@ -105,6 +107,7 @@ def run(ctx, args) -> dict:
     """torch.matmul, the table's config and (``--sweep``) the candidates on every shape; the record."""
     dtype = getattr(torch, args.dtype)
     cuda, device = not ctx.platform.simulator, ctx.device
+    shapes: Sequence[tuple[int, ...]]
     if args.shapes:
         shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     else:

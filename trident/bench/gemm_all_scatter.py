@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -66,7 +67,7 @@ def _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline) -> list[dict
     B_local = B[:, ctx.rank * n:(ctx.rank + 1) * n].contiguous()
     want = torch.matmul(A, B)
     C, local = ctx.empty(M, N, dtype=dtype), torch.empty(M, n, device=ctx.device, dtype=dtype)
-    calls = {"gemm": lambda: matmul(A, B_local, out=local)}
+    calls: dict[str, Callable[..., object]] = {"gemm": lambda: matmul(A, B_local, out=local)}
     for p in patterns:
         if p in ("baseline", "auto") and not with_baseline:
             continue

@@ -348,7 +348,7 @@ def heap_for(nbytes: int) -> int:
     return min(need, 256 << 20) if SIMULATOR else need
 
 
-def human_bytes(n: int) -> str:
+def human_bytes(n: float) -> str:
     """``4096 -> "4 KiB"``, ``1 << 31 -> "2 GiB"``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":

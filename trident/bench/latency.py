@@ -25,6 +25,7 @@ import argparse
 import os
 import sys
 from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -129,7 +130,7 @@ def _host_cases(ctx, small_only: bool):
         C_gar = torch.empty(M, N, device=dev, dtype=dtype)
         x_norm, weight = torch.randn(M, N, device=dev, dtype=dtype), torch.ones(N, device=dev, dtype=dtype)
         keep.append(C)
-        fused = dict(pattern="fused_sequential")
+        fused: dict[str, Any] = dict(pattern="fused_sequential")
         cases += [(f"torch.matmul {label}", "reference", partial(torch.matmul, A, B)),
                   (f"ops.matmul {label}", "fused op", partial(trident.ops.matmul, A, B)),
                   (f"gemm_all_scatter {label}", "fused op",
@@ -238,6 +239,7 @@ def goals(record: dict) -> list[dict]:
     nccl = _row(record, "host", "nccl all_reduce 1 KiB")
     add_ = _row(record, "host", "torch x.add_(1)")
     reference, target = (nccl, 1.0) if nccl else (_row(record, "host", "empty triton launch"), 1.5)
+    assert reference is not None, "the record has no reference row"
     for r in record["rows"]:
         if r["part"] == "host" and r["group"] in ("collective", "entry"):
             add(f"host time of {r['name']} / {reference['name']}", ratio(r, reference, "host_us"), target)

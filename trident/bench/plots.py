@@ -8,6 +8,7 @@ not performance figures say so in their title.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 
 def _pyplot():
@@ -171,7 +172,9 @@ def bars(record: dict, path: str, group: str, category: str, value: str, ylabel:
         ref_row = next((r for r in rows if r[group] == fam and is_ref(r)), None)
         ref = float(reference) if isinstance(reference, (int, float)) else (ref_row[value] if ref_row else None)
         labels, vals = [str(r[category]) for r in mine], [float(r[value]) for r in mine]
+        fmt: Callable[[float], str]
         if isinstance(reference, (int, float)) and vals:  # values that are ratios: bars from the reference line
+            assert ref is not None  # float(reference)
             lo, hi = min(vals + [ref]), max(vals + [ref])
             pad = (hi - lo) * 0.35 or 0.05
             ax.barh(range(len(mine)), [v - ref for v in vals], left=ref, height=0.6,

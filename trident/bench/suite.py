@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from .. import config
 
@@ -225,6 +226,7 @@ def run_suite(name: str, steps: list[Step], out: str, budget: float) -> dict:
     """Run ``steps`` in order within ``budget`` seconds; returns the summary (also ``OUT/summary.json``)."""
     os.makedirs(out, exist_ok=True)
     start = time.monotonic()
+    summary: dict[str, Any]
     summary = {"schema": SCHEMA, "suite": name, "date": _now(), "budget_s": budget, "elapsed_s": 0.0, "ok": False,
                "steps": [{"name": s.name, "command": shlex.join(s.command(out)), "limit_s": s.limit_s,
                           "status": "pending", "returncode": None, "seconds": 0.0, "log": None} for s in steps]}

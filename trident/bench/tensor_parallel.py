@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -86,7 +87,7 @@ def _shape_rows(ctx, args, op, M, N, K, dtype, patterns, with_baseline) -> list[
     """Check, then time, the GEMM alone and every pattern on one shape (collective)."""
     inputs, out, (A, B), want = _operands(ctx, args.op, M, N, K, dtype)
     reference = torch.empty(M, N, device=ctx.device, dtype=dtype)
-    calls = {"gemm": lambda: matmul(A, B, out=reference)}
+    calls: dict[str, Callable[..., object]] = {"gemm": lambda: matmul(A, B, out=reference)}
     for p in patterns:
         if p in ("baseline", "auto") and not with_baseline:
             continue

@@ -45,8 +45,8 @@ def layout_key(name: str, tensors: tuple, options: tuple, heap: tuple[int, int] 
 
 
 def _key(name: str, tensors: tuple, options: tuple, heap: tuple[int, int] | None):
-    parts = [name, options]
-    spans = []
+    parts: list[object] = [name, options]
+    spans: list[tuple[int, int] | None] = []
     lo, hi = heap if heap is not None else (0, 0)
     for t in tensors:
         if t is None:

@@ -26,11 +26,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 from ..errors import TopologyError
 from ..runtime.resources import note_call
 from .cache import layout_key
 from .recording import Recording
+
+if TYPE_CHECKING:
+    from ..runtime.context import Context
+    from ..runtime.team import Team
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +64,7 @@ class Op:
     cacheable: Callable | None = None
 
 
-def run_call(team, op: Op, tensors: tuple, options: tuple = ()):
+def run_call(team: Team, op: Op, tensors: tuple, options: tuple = ()):
     """Run one call of ``op`` on ``team`` (a context or a group) with ``tensors`` and ``options``.
 
     Returns:
@@ -73,9 +78,10 @@ def run_call(team, op: Op, tensors: tuple, options: tuple = ()):
     """
     if team.spans_nodes:
         if op.across_nodes is None:
+            world = cast("Context", team)  # only the world spans nodes (a group lives in one node)
             raise TopologyError(
                 f"rank {team.rank}: trident {op.name} does not run across nodes (this job: "
-                f"{team.topology.describe()}): run it inside a node, with group=ctx.new_group(ranks) for the "
+                f"{world.topology.describe()}): run it inside a node, with group=ctx.new_group(ranks) for the "
                 f"ranks of one node (docs/multi-node.md)")
         if not getattr(op.across_nodes, "refuses", False):  # a refusal says so before any check
             _check(team, op, tensors, options)
@@ -102,7 +108,7 @@ def run_call(team, op: Op, tensors: tuple, options: tuple = ()):
     return rec
 
 
-def _check(team, op: Op, tensors: tuple, options: tuple) -> None:
+def _check(team: Team, op: Op, tensors: tuple, options: tuple) -> None:
     """The op's check, then (debug mode) the ranks' agreement on its facts."""
     op.check(team, tensors, options)
     if op.facts is not None:

@@ -160,7 +160,8 @@ class Recording:
         """``kernel[grid](*args, **constexprs, **options)`` now, and in every replay."""
         step = prepare(kernel, grid, args, constexprs, **options)
         launcher = step.launcher()
-        refs, values = [], []
+        refs: list[tuple] = []  # (pos, slot, offset, descriptor) on a GPU; geometry too in the simulator
+        values: list = []
         for pos, arg in enumerate(args):
             base = arg.base if isinstance(arg, TensorDescriptor) else arg
             if not isinstance(base, torch.Tensor):

@@ -16,8 +16,9 @@ from collections.abc import Callable
 import torch
 import triton
 
-from ..calls import Op
+from ..calls import Op, Recording
 from ..errors import NotSymmetricError
+from ..runtime.team import Team
 from . import kernels
 from .checks import (
     acc_dtype,
@@ -39,7 +40,7 @@ INPUT_STAGE = "input"
 ONE_SHOT_MAX_BYTES = 256 * 1024
 
 
-def input_stage(ctx, numel: int, dtype: torch.dtype) -> torch.Tensor:
+def input_stage(ctx: Team, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """The heap buffer the collectives stage a plain input in (``numel`` elements, flat; collective:
     every rank asks for the same size). Writing an input straight into it, then passing it to a
     collective, saves the staging copy and a second heap buffer of that size.
@@ -53,7 +54,7 @@ def input_stage(ctx, numel: int, dtype: torch.dtype) -> torch.Tensor:
     return workspace(ctx).buffer(INPUT_STAGE, numel, dtype)
 
 
-def _launch(team, rec, kernel, work_items: int | None, *args, **constexprs) -> None:
+def _launch(team: Team, rec: Recording, kernel, work_items: int | None, *args, **constexprs) -> None:
     """Launch ``kernel`` with enough programs for the work, up to the limit, through ``rec``.
 
     ``work_items`` must be the same on every rank: program ``pid`` meets program ``pid`` of the
@@ -67,14 +68,14 @@ def _launch(team, rec, kernel, work_items: int | None, *args, **constexprs) -> N
                num_warps=4 if block <= 2048 else 8)
 
 
-def _block(team, numel: int) -> int:
+def _block(team: Team, numel: int) -> int:
     """Elements per tile: larger tiles for large tensors on a GPU; the simulator keeps one size."""
     if team.platform.simulator:
         return 1024
     return 1024 if numel <= 64 * 1024 else 4096
 
 
-def _on_heap(team, rec, t: torch.Tensor, copy_in: bool) -> torch.Tensor:
+def _on_heap(team: Team, rec: Recording, t: torch.Tensor, copy_in: bool) -> torch.Tensor:
     """``t`` itself when it lies on the heap, else the staging buffer (holding t's data when ``copy_in``).
 
     Ranks may decide differently (and pass heap tensors at different offsets): the kernels
@@ -90,13 +91,13 @@ def _on_heap(team, rec, t: torch.Tensor, copy_in: bool) -> torch.Tensor:
 
 # -- all_gather ----------------------------------------------------------------------------------
 
-def _check_all_gather(team, tensors, options) -> None:
+def _check_all_gather(team: Team, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
     check_tensors(team, "all_gather", out=out, inp=inp)
     check_world_multiple(team, "all_gather", out, inp, "out", "inp")
 
 
-def _run_all_gather(team, rec, tensors, options) -> None:
+def _run_all_gather(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
     source = _on_heap(team, rec, inp, copy_in=False)  # staged inside the kernel
     _launch(team, rec, kernels.all_gather_kernel, inp.numel(), inp, source, out, inp.numel(),
@@ -109,7 +110,7 @@ ALL_GATHER = Op("all_gather", _check_all_gather, _run_all_gather,
 
 # -- reduce_scatter ------------------------------------------------------------------------------
 
-def _check_reduce_scatter(team, tensors, options) -> None:
+def _check_reduce_scatter(team: Team, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
     check_tensors(team, "reduce_scatter", out=out, inp=inp)
     op_name(team, options[0])
@@ -117,7 +118,7 @@ def _check_reduce_scatter(team, tensors, options) -> None:
     check_world_multiple(team, "reduce_scatter", inp, out, "inp", "out")
 
 
-def _run_reduce_scatter(team, rec, tensors, options) -> None:
+def _run_reduce_scatter(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
     source = _on_heap(team, rec, inp, copy_in=True)
     _launch(team, rec, kernels.reduce_scatter_kernel, out.numel(), source, out, out.numel(),
@@ -131,7 +132,7 @@ REDUCE_SCATTER = Op("reduce_scatter", _check_reduce_scatter, _run_reduce_scatter
 
 # -- all_reduce ----------------------------------------------------------------------------------
 
-def _check_all_reduce(team, tensors, options) -> None:
+def _check_all_reduce(team: Team, tensors: tuple, options: tuple) -> None:
     inp, out = tensors
     check_tensors(team, "all_reduce", tensor=inp, out=out)
     if out.shape != inp.shape:
@@ -190,7 +191,7 @@ def algorithm_for(nbytes: int, algorithm: str) -> str:
                 if a.auto_max_bytes is None or nbytes <= a.auto_max_bytes)
 
 
-def _run_all_reduce(team, rec, tensors, options) -> None:
+def _run_all_reduce(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     inp, out = tensors
     n = inp.numel()
     row = ALL_REDUCE_ALGORITHMS[algorithm_for(n * inp.element_size(), options[1])]
@@ -210,13 +211,13 @@ ALL_REDUCE = Op("all_reduce", _check_all_reduce, _run_all_reduce,
 
 # -- all_to_all ----------------------------------------------------------------------------------
 
-def _check_all_to_all(team, tensors, options) -> None:
+def _check_all_to_all(team: Team, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
     check_tensors(team, "all_to_all", out=out, inp=inp)
     check_equal_chunks(team, "all_to_all", out, inp)
 
 
-def _run_all_to_all(team, rec, tensors, options) -> None:
+def _run_all_to_all(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
     rows, inner = inp.shape[0] // team.world_size, math.prod(inp.shape[1:])
     source = _on_heap(team, rec, inp, copy_in=True)  # equal sizes everywhere: collective
@@ -231,12 +232,12 @@ ALL_TO_ALL = Op("all_to_all", _check_all_to_all, _run_all_to_all,
 
 # -- broadcast -----------------------------------------------------------------------------------
 
-def _check_broadcast(team, tensors, options) -> None:
+def _check_broadcast(team: Team, tensors: tuple, options: tuple) -> None:
     check_tensors(team, "broadcast", tensor=tensors[0])
     check_src(team, "broadcast", options[0])
 
 
-def _run_broadcast(team, rec, tensors, options) -> None:
+def _run_broadcast(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     (tensor,), (src,) = tensors, options
     x = _on_heap(team, rec, tensor, copy_in=team.rank == src)
     _launch(team, rec, kernels.broadcast_kernel, tensor.numel(), x, tensor.numel(), src,
@@ -251,7 +252,7 @@ BROADCAST = Op("broadcast", _check_broadcast, _run_broadcast,
 
 # -- all_to_all_v: split sizes differ from call to call, so nothing is kept ----------------------
 
-def _split_table(team, in_splits, out_splits, rows_in: int, rows_out: int) -> torch.Tensor:
+def _split_table(team: Team, in_splits, out_splits, rows_in: int, rows_out: int) -> torch.Tensor:
     """Fill this rank's split table: rows sent to each rank, where they start, where received rows go.
 
     Splits given on the host (lists, CPU tensors) are checked here; splits already on the GPU are
@@ -279,7 +280,7 @@ def _split_table(team, in_splits, out_splits, rows_in: int, rows_out: int) -> to
     return table
 
 
-def _check_all_to_all_v(team, tensors, options) -> None:
+def _check_all_to_all_v(team: Team, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
     check_tensors(team, "all_to_all_v", out=out, inp=inp)
     check_separate(team, "all_to_all_v", out, inp)
@@ -290,7 +291,7 @@ def _check_all_to_all_v(team, tensors, options) -> None:
     check_rows(team, "all_to_all_v", out, inp)
 
 
-def _run_all_to_all_v(team, rec, tensors, options) -> None:
+def _run_all_to_all_v(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
     table = _split_table(team, options[1], options[0], inp.shape[0], out.shape[0])
     # Row counts differ between ranks: launch the limit (program pid must meet pid everywhere).

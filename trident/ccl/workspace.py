@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime.resources import GrowingBuffer
+from ..runtime.team import Team
 from .kernels import sync_words
 
 #: The key of the workspace among the context's resources (``ctx.resource``).
@@ -57,7 +58,7 @@ class Workspace:
         return grower.get(nbytes)[:nbytes].view(dtype)  # [:nbytes]: get() gives at least one byte
 
 
-def workspace(ctx) -> Workspace:
+def workspace(ctx: Team) -> Workspace:
     """The context's :class:`Workspace`, made on first use (collectively: every rank's first collective).
 
     It is a resource of the context (``ctx.resource``): dropped at ``ctx.close()``, or at the end

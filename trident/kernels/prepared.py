@@ -43,6 +43,9 @@ class PreparedLaunch:
     """
 
     __slots__ = ("_run", "_tail", "_again")
+    _run: Callable | None  # the compiled kernel's direct launcher, or None (the simulator)
+    _tail: tuple
+    _again: Callable | None  # the full launch again (the simulator), or None
 
     def __init__(self, kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, options: dict):
         compiled = kernel[grid](*args, **constexprs, **options)
@@ -71,6 +74,7 @@ class PreparedLaunch:
 
     def __call__(self, *args) -> None:
         if self._run is None:
+            assert self._again is not None  # the simulator: one of the two is set
             self._again(*args)
         else:
             self._run(*[by_address(a) for a in args], *self._tail)
@@ -79,7 +83,9 @@ class PreparedLaunch:
         """A step without arguments that launches with ``args`` (converted once, tensors by address;
         in the simulator the step holds them)."""
         if self._run is None:
-            return lambda: self._again(*args)
+            again = self._again
+            assert again is not None  # the simulator: one of the two is set
+            return lambda: again(*args)
         values = (*[by_address(a) for a in args], *self._tail)
         run = self._run
         return lambda: run(*values)
@@ -90,7 +96,7 @@ def _hooked(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def direct_launcher(compiled, grid: tuple[int, int, int]):
+def direct_launcher(compiled, grid: tuple[int, ...]):
     """``compiled[grid]``'s launch without its per-call Python: the compiled kernel's launcher called
     straight with the function handle, the packed metadata and the current stream of the device the
     kernel was compiled on (about 5 us less per launch on the H200 host than Triton's runner, which

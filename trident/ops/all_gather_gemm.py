@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..calls import run_call
+from ..calls import Op, run_call
 from ..ccl import all_gather
 from ..ccl.api import input_stage
 from ..runtime.groups import team
@@ -146,7 +146,7 @@ def _shape(team, A_local, B, C):
 
 
 #: The op as the call pipeline runs it.
-ALL_GATHER_GEMM_OP = fused_op(
+ALL_GATHER_GEMM_OP: Op = fused_op(
     ALL_GATHER_GEMM, lambda team, *args: _check_all_gather_gemm_args(team, *args), _shape,
     across_nodes=lambda team, t, o: multinode.all_gather_gemm(team, t, o, ALL_GATHER_GEMM_OP))
 

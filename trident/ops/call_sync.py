@@ -59,6 +59,7 @@ import triton.language as tl
 
 from ..device import arrival_ticket, signal, wait
 from ..runtime.resources import GrowingBuffer
+from ..runtime.team import Team
 
 # Word indices (int64) inside the sync block; the READY, ARRIVED and FLAGS regions follow READY_WORD.
 EPOCH_WORD = 0
@@ -85,7 +86,7 @@ def sync_words(world_size: int, flags: int = 0) -> int:
     return READY_WORD + 2 * world_size + max(flags, MIN_FLAGS)
 
 
-def sync_block(ctx, flags: int = 0) -> torch.Tensor:
+def sync_block(ctx: Team, flags: int = 0) -> torch.Tensor:
     """The context's sync block (int64, symmetric) with room for ``flags`` tile flags; collective.
 
     Made on first use and grown when a call needs more flags, zeroed, on every rank at the same

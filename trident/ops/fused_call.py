@@ -24,14 +24,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 
 from ..calls import Op, Recording
 from ..errors import NotSymmetricError
+from ..runtime.team import Team
 from .call_sync import sync_block
 from .matmul import MatmulConfig, check_matrices, pick_config
+
+if TYPE_CHECKING:
+    from ..trace import Trace
 
 #: ``auto``'s table: (GPU name part, world size) -> [(minimum M*N*K, pattern), ...], largest first.
 AutoTable = dict[tuple[str, int], list[tuple[int, str]]]
@@ -105,7 +110,7 @@ class FusedCall:
     ``rec`` the recording the run launches through (:mod:`trident.calls`), or None (plain launches).
     """
 
-    ctx: object
+    ctx: Team
     spec: OpSpec
     pattern: str
     A: torch.Tensor
@@ -113,7 +118,7 @@ class FusedCall:
     C: torch.Tensor
     cfg: MatmulConfig
     comm_programs: int
-    trace: object = None
+    trace: Trace | None = None
     rec: Recording | None = None
 
     @property
@@ -152,7 +157,7 @@ class FusedCall:
             self.rec.own(*tensors)
 
 
-def prepare_call(ctx, spec: OpSpec, pattern: str, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, *,
+def prepare_call(ctx: Team, spec: OpSpec, pattern: str, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, *,
                  gemm: tuple[int, int, int], size: int, config: MatmulConfig | None, comm_programs: int | None,
                  trace) -> FusedCall:
     """A :class:`FusedCall` with ``auto`` resolved and every default filled in.
@@ -198,7 +203,7 @@ def fused_op(spec: OpSpec, check, shape, across_nodes=None) -> Op:
         GEMM_ALL_REDUCE_OP = fused_op(GEMM_ALL_REDUCE, check, lambda team, A, B, C: (...))
     """
 
-    def run(team, rec, tensors, options) -> None:
+    def run(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
         A, B, C = tensors
         pattern, config, comm_programs, trace = options
         gemm, size, empty = shape(team, A, B, C)
@@ -212,7 +217,9 @@ def fused_op(spec: OpSpec, check, shape, across_nodes=None) -> Op:
         if call.pattern in spec.replayable:
             dataclasses.replace(call, rec=rec).run()
             return
-        decided = dataclasses.replace(call, A=None, B=None, C=None)  # torch work, nested calls: run again
+        # torch work, nested calls: run again. The operands are dropped (not kept alive by the
+        # recording); every run binds the new call's, so the record never runs with None in them.
+        decided = dataclasses.replace(call, A=None, B=None, C=None)  # type: ignore[arg-type]
         rec.rerun_with(lambda A, B, C: dataclasses.replace(decided, A=A, B=B, C=C).run())
         call.run()
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..calls import run_call
+from ..calls import Op, run_call
 from ..ccl import all_reduce
 from ..runtime.groups import team
 from . import multinode
@@ -90,7 +90,7 @@ def _shape(team, A, B, C):
 
 
 #: The op as the call pipeline runs it.
-GEMM_ALL_REDUCE_OP = fused_op(GEMM_ALL_REDUCE, _check, _shape,
+GEMM_ALL_REDUCE_OP: Op = fused_op(GEMM_ALL_REDUCE, _check, _shape,
                               across_nodes=lambda team, t, o: multinode.gemm_all_reduce(team, t, o, GEMM_ALL_REDUCE_OP))
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ..calls import run_call
+from ..calls import Op, run_call
 from ..ccl import reduce_scatter
 from ..runtime.groups import team
 from . import multinode
@@ -81,7 +81,7 @@ def _shape(team, A, B, C):
 
 
 #: The op as the call pipeline runs it.
-GEMM_REDUCE_SCATTER_OP = fused_op(
+GEMM_REDUCE_SCATTER_OP: Op = fused_op(
     GEMM_REDUCE_SCATTER, _check, _shape,
     across_nodes=lambda team, t, o: multinode.gemm_reduce_scatter(team, t, o, GEMM_REDUCE_SCATTER_OP))
 

@@ -139,7 +139,7 @@ def _plan(tiles: int, programs: int, cfg: MatmulConfig, k_tiles: int) -> tuple[f
     if cfg.split_k > 1 and k_tiles > 1:
         parts = min(cfg.split_k, k_tiles)
         return -(-tiles * parts // programs) / parts + CUT_COST, 0, parts
-    best = (-(-tiles // programs), tiles, 1)
+    best: tuple[float, int, int] = (-(-tiles // programs), tiles, 1)
     if not cfg.split_tail:
         return best
     full = tiles // programs

@@ -45,7 +45,7 @@ def refusing(name: str):
     """The call pipeline's across-nodes hook of an op that refuses: raises :func:`refuse`'s error."""
     def across_nodes(team, tensors, options):
         raise refuse(team, name)
-    across_nodes.refuses = True  # the pipeline refuses before checking the arguments
+    across_nodes.refuses = True  # type: ignore[attr-defined]  # read by the pipeline, which refuses before checking the arguments
     return across_nodes
 
 

@@ -121,8 +121,8 @@ class Context(SymmetricHeapMixin):
         if backend == "cuda":
             from ..backends.cuda import CudaBackend as Backend
         else:
-            from ..backends.sim import SimBackend as Backend
-        self._backend = Backend(self.rank, local_rank if backend == "cuda" else job_id)
+            from ..backends.sim import SimBackend as Backend  # type: ignore[assignment]  # one HeapBackend or the other
+        self._backend = Backend(self.rank, local_rank if backend == "cuda" else job_id)  # type: ignore[arg-type]
         self.device = self._backend.device
         self.platform = _platform.for_device(self.device, self.world_size)
         self._resources = Resources()
@@ -138,7 +138,7 @@ class Context(SymmetricHeapMixin):
             # Peers in other nodes are never mapped: their heap base is 0 (see trident.runtime.nodes).
             self._heaps = self._backend.open_peers([h if topo.reachable(r) else None
                                                     for r, (_, h, _, _) in enumerate(exchanged)])
-            self._heap = self._heaps[self.rank]
+            self._heap = self._heaps[self.rank]  # type: ignore[assignment]  # a rank always maps its own heap
             bases = [0 if h is None else h.data_ptr() for h in self._heaps]
             misaligned = [r for r, b in enumerate(bases) if b % layout.BASE_ALIGN]
             if misaligned:
@@ -160,7 +160,7 @@ class Context(SymmetricHeapMixin):
         # heap and peer mappings with it), not whenever the garbage collector breaks a cycle.
         me = weakref.ref(self)
         self._watchdog = RankWatchdog(self.rank, [who for _, _, who, _ in exchanged], watchdog_interval,
-                                      lambda rank, why: (ctx := me()) is not None and ctx._on_rank_gone(rank, why))
+                                      lambda rank, why: (ctx := me()) is not None and ctx._on_rank_gone(rank, why))  # type: ignore[func-returns-value]
         rendezvous.watch(self._watchdog)
         self._watchdog.start()
         self._closed, self._hierarchy = False, None
@@ -193,7 +193,7 @@ class Context(SymmetricHeapMixin):
         self._watchdog.stop()
         self._closed = True
         # Drop every view of the heaps now, even if the user keeps this closed context around.
-        self._heaps = self._heap = self._hierarchy = None  # the hierarchy's node group refers back to us
+        self._heaps = self._heap = self._hierarchy = None  # type: ignore[assignment]  # closed (the hierarchy refers to us)
         self._control.release()
         self._resources.clear()
         self._backend.close()

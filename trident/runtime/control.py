@@ -32,8 +32,8 @@ class ControlBlock:
     def release(self) -> None:
         """Drop this object's views of the heap (at ``ctx.close()``)."""
         faults.set_abort_reason(self.abort_addr, "")
-        self.words = None
-        self.abort_word = None
+        self.words = None  # type: ignore[assignment]  # released: every later use is refused first
+        self.abort_word = None  # type: ignore[assignment]
 
     def reset(self, wait_timeout: float) -> None:
         """Clear everything and write the header (before any peer may touch the heap)."""

@@ -60,7 +60,7 @@ class _Record:
         """The heap_scope the group was made in ended, or its context closed."""
         if self.group is not None:
             self.group._release(SCOPE_ENDED)
-        self.region = self.group = None
+        self.region = self.group = None  # type: ignore[assignment]  # released: every later use is refused first
 
 
 def _index(value) -> int:
@@ -162,7 +162,7 @@ def destroy_group(ctx, group) -> None:
     """
     ctx._check_open()
     if group is not None and (not isinstance(group, Group) or group.ctx is not ctx):
-        mine = f"not a group of this context: {group!r}"
+        mine: str | None = f"not a group of this context: {group!r}"
     else:
         mine = None if group is None else group.group_name
     everyone = ctx.all_gather_object("destroy_group", mine)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import pickle
 import weakref
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,6 +42,10 @@ from ..calls.cache import CallCache
 from ..errors import ContextClosedError, DivergenceError, HeapExhaustedError, TopologyError, TridentError
 from .allocator import SymmetricAllocator
 from .resources import Resources, refuse_in_capture
+from .team import Team
+
+if TYPE_CHECKING:
+    from .rendezvous import Rendezvous
 
 _BY_NAME: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
@@ -110,7 +115,7 @@ class Group:
         self.heap_range = ctx.heap_range
         self.region_offset = region_offset
         self._released: str | None = None  # why the group can no longer be used (see _release)
-        self._exchange = None  # the members' host-side all-gather (made on first use)
+        self._exchange: Rendezvous | None = None  # the members' host-side all-gather (made on first use)
 
     def who(self, group_rank: int | None = None) -> str:
         """A member named in an error: its world rank, with its group rank beside it."""
@@ -132,7 +137,7 @@ class Group:
         if self._released is None:
             self._released = why
         self._resources.clear()
-        self._region = self._barrier = self._exchange = None
+        self._region = self._barrier = self._exchange = None  # type: ignore[assignment]  # released: every later use is refused first
 
     def __repr__(self) -> str:
         return f"Group({self.group_name!r}, ranks={list(self.ranks)}, rank={self.rank})"
@@ -240,7 +245,7 @@ class Group:
                 f"order): {listing}")
 
 
-def team(ctx, group):
+def team(ctx: Team, group: Team | None) -> Team:
     """Who a collective or fused op runs over: the whole world (``group`` None) or a :class:`Group`
     of ``ctx``, which answers the same questions (rank, world_size, heap_bases, workspace) in group terms.
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,10 +15,13 @@ from .allocator import SymmetricAllocator
 from .creation import TensorFactory
 from .resources import Resources
 
+if TYPE_CHECKING:
+    from .nodes import Topology
+
 
 def address(t: torch.Tensor) -> int:
     """Where ``t``'s first element is (torch reports ``data_ptr() == 0`` for empty tensors)."""
-    return t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+    return t.untyped_storage().data_ptr() + int(t.storage_offset()) * t.element_size()
 
 
 def _span_bytes(t: torch.Tensor) -> int:
@@ -42,10 +47,13 @@ class SymmetricHeapMixin(TensorFactory):
     device: torch.device
     heap_size: int
     _heap: torch.Tensor
-    _heaps: list[torch.Tensor]
+    _heaps: list[torch.Tensor | None]  # None: a peer in another node (never mapped)
     _allocator: SymmetricAllocator
     _resources: Resources
     _closed: bool
+    topology: Topology
+    _check_open: Callable[[], None]
+    _debug_check_in_step: Callable[[str], None]
 
     def _place(self, meta: torch.Tensor, what: str, out, device) -> torch.Tensor:
         """Reserve heap bytes for a tensor shaped like ``meta`` (or reuse ``out``)."""
@@ -209,9 +217,10 @@ class SymmetricHeapMixin(TensorFactory):
         self._require_symmetric(tensor, "ctx.peer_view")
         if not 0 <= peer < self.world_size:
             raise ValueError(f"peer={peer} is not a rank of this job (world size {self.world_size})")
-        if self._heaps[peer] is None:
+        heap = self._heaps[peer]
+        if heap is None:
             raise TopologyError(f"rank {self.rank}: ctx.peer_view: rank {peer} is in another node "
                                 f"({self.topology.describe()}); its heap is not mapped here. Move data "
                                 f"between nodes with trident.ccl's collectives")
         offset = self.heap_offset(tensor)
-        return self._heaps[peer][offset:].view(tensor.dtype).as_strided(tensor.shape, tensor.stride())
+        return heap[offset:].view(tensor.dtype).as_strided(tensor.shape, tensor.stride())

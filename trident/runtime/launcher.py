@@ -301,6 +301,7 @@ def _watch(job: _Job, grace: float, received: list[int], mps: bool = False) -> i
             pass
         now = time.monotonic()
         if report_at is not None and now >= report_at:
+            assert first is not None  # report_at is set with the first failure only
             first, report_at = _name_failures(together, first), None
         while handled < len(received):
             sig = signal.Signals(received[handled])
@@ -318,6 +319,7 @@ def _watch(job: _Job, grace: float, received: list[int], mps: bool = False) -> i
             term_at = None
             sent = job.ask_to_stop(signal.SIGTERM)
             if sent:
+                assert first is not None  # term_at is set with the first failure only
                 _say(f"sent SIGTERM to ranks {sent}, still running {grace:g} s after rank {first[0]} failed")
             kill_at = now + grace
         if kill_at is not None and now >= kill_at:
@@ -326,6 +328,7 @@ def _watch(job: _Job, grace: float, received: list[int], mps: bool = False) -> i
             if sent:
                 _say(f"sent SIGKILL to ranks {sent}")
     if report_at is not None:
+        assert first is not None  # report_at is set with the first failure only
         first = _name_failures(together, first)
     if first is not None:
         return shell_status(first[1])

@@ -64,6 +64,7 @@ class MpsDaemon:
     def _call(self, *args: str, stdin: str | None = None, timeout: float = 30.0) -> subprocess.CompletedProcess:
         env = {**os.environ, **self.environment}
         env.pop("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")  # the daemon itself runs unrestricted
+        assert self.control is not None  # start() refuses without it
         return subprocess.run([self.control, *args], input=stdin, env=env, capture_output=True, text=True,
                               timeout=timeout)
 
@@ -95,6 +96,7 @@ class MpsDaemon:
         if not self.running:
             return
         self.running = False
+        assert self.control is not None and self.folder is not None  # set by start(), which made it run
         env = {**os.environ, **self.environment}
         env.pop("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
         # One shell line, in its own session so it outlives this process: quit, then tidy up.

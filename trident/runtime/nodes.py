@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -143,6 +144,7 @@ class Hierarchy:
     def __init__(self, ctx, topology: Topology):
         self.topology = topology
         node = None
+        ranks: Sequence[int]
         for ranks in topology.nodes:  # collective over the world: every rank makes every node's group
             g = new_group(ctx, ranks, workspace_bytes=layout.ALLOC_ALIGN)
             if g is not None:
@@ -173,6 +175,7 @@ class Hierarchy:
         """Every rank of the world arrived: the node's device barrier, the same local ranks across nodes
         (torch.distributed, stream-ordered on NCCL), then the node again."""
         self.require_regular("ctx.device_barrier")
+        assert self.node is not None and self.cross is not None  # every rank is in a node; regular: a cross group
         self.node.device_barrier()
         self.cross.all_reduce(self.node.ctx.heap_bases.new_zeros(1))
         self.node.device_barrier()

@@ -202,7 +202,7 @@ class Rendezvous:
         """Give every rank every rank's ``value``. ``what`` names the step in a timeout message."""
         self._seq += 1
         keys = [f"{self._seq}/{r}" for r in range(self.world_size)]
-        self.store.set(keys[self.rank], value)
+        self.store.set(keys[self.rank], value)  # type: ignore[arg-type]  # torch's stub: str only; bytes work
         self._wait(what, keys)
         values = self.store.multi_get(keys)
         if self._seq > 1:  # every rank has finished the previous step, so its keys can go
@@ -215,7 +215,7 @@ class Rendezvous:
         the store gone while it still reads from it."""
         self._seq += 1
         if self.rank != 0:
-            self.store.set(f"{self._seq}/bye/{self.rank}", b"")
+            self.store.set(f"{self._seq}/bye/{self.rank}", b"")  # type: ignore[arg-type]  # as in all_gather
             return
         keys = [f"{self._seq}/bye/{r}" for r in range(1, self.world_size)]
         deadline = time.monotonic() + timeout
@@ -252,7 +252,7 @@ class Rendezvous:
                 try:
                     if failure is not None:
                         raise failure
-                    missing = [r for r, key in enumerate(keys) if not self.store.check([key])]
+                    missing: list[int] | str = [r for r, key in enumerate(keys) if not self.store.check([key])]
                 except Exception:
                     missing = "unknown (the store, hosted by rank 0, does not answer)"
                 raise RankTimeoutError(
@@ -264,4 +264,6 @@ class Rendezvous:
 
     def broadcast(self, what: str, value: bytes | None, src: int) -> bytes:
         """Give every rank ``src``'s ``value`` (other ranks pass ``None``)."""
-        return self.all_gather(what, value if self.rank == src else b"")[src]
+        mine = value if self.rank == src else b""
+        assert mine is not None, f"rank {self.rank}: {what}: the source rank passes bytes"
+        return self.all_gather(what, mine)[src]

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from typing import TypeVar, cast
 
 import torch
 
 from ..errors import HeapExhaustedError, TridentError
+
+T = TypeVar("T")
 
 
 def _capturing(ctx) -> bool:
@@ -77,7 +80,7 @@ class Resources:
         for cache in list(self.caches):
             cache.clear()
 
-    def get(self, key: str, factory: Callable[[], object], team=None) -> object:
+    def get(self, key: str, factory: Callable[[], T], team=None) -> T:
         """The resource under ``key``, made by ``factory()`` on first use.
 
         With ``team`` (a context or group), making it inside CUDA-graph capture is refused with a
@@ -87,7 +90,7 @@ class Resources:
             if team is not None:
                 refuse_in_capture(team, f"the first trident call that needs {key!r}")
             self._items[key] = factory()
-        return self._items[key]
+        return cast(T, self._items[key])  # what a factory made for this key (one kind per key)
 
     def peek(self, key: str) -> object | None:
         """The resource under ``key`` if it exists now (never makes one)."""
