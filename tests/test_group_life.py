@@ -192,6 +192,23 @@ def test_bad_new_group_arguments_are_refused_on_every_rank(pool4):
             assert f"rank {r} (group rank {r} of [0, 1])" in m["full"], m["full"]
 
 
+def _group_error_text(ctx):
+    """An error inside a group names this rank's world rank, with its group rank beside it."""
+    g = ctx.new_group([1, 0], workspace_bytes=WS)
+    try:
+        ccl.all_reduce(ctx, torch.zeros(4, dtype=torch.bool, device=ctx.device), group=g)
+        return ""
+    except ValueError as exc:
+        return str(exc)
+    finally:
+        ctx.destroy_group(g)
+
+
+def test_errors_inside_a_group_name_the_world_rank_and_the_group_rank(pool2):
+    for rank, message in enumerate(pool2.run(_group_error_text)):
+        assert message.startswith(f"rank {rank} (group rank {1 - rank} of [1, 0]): all_reduce"), message
+
+
 @triton.jit
 def _wait_here(flag_ptr, rank, heap_bases):
     trident.wait(flag_ptr, 1, rank, rank, heap_bases)

@@ -351,7 +351,7 @@ def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, topk_idx: 
     me = team(ctx, g)
     capacity = recv_src.shape[0]
     if handle.shape != (capacity + moe.STATUS_WORDS,) or handle.dtype != torch.int64:
-        raise ValueError(f"rank {me.rank}: moe_combine: handle must be the int64 [{capacity} + "
+        raise ValueError(f"{me.who()}: moe_combine: handle must be the int64 [{capacity} + "
                          f"{moe.STATUS_WORDS}] tensor torch.ops.trident.moe_dispatch returned with recv_src, "
                          f"got {handle.dtype} {tuple(handle.shape)}")
     recv_j, status = handle[:capacity].to(torch.int32), handle[capacity:].contiguous()

@@ -80,7 +80,7 @@ def run_call(team: Team, op: Op, tensors: tuple, options: tuple = ()):
         if op.across_nodes is None:
             world = cast("Context", team)  # only the world spans nodes (a group lives in one node)
             raise TopologyError(
-                f"rank {team.rank}: trident {op.name} does not run across nodes (this job: "
+                f"{team.who()}: trident {op.name} does not run across nodes (this job: "
                 f"{world.topology.describe()}): run it inside a node, with group=ctx.new_group(ranks) for the "
                 f"ranks of one node (docs/multi-node.md)")
         if not getattr(op.across_nodes, "refuses", False):  # a refusal says so before any check

@@ -136,14 +136,14 @@ def _check_all_reduce(team: Team, tensors: tuple, options: tuple) -> None:
     inp, out = tensors
     check_tensors(team, "all_reduce", tensor=inp, out=out)
     if out.shape != inp.shape:
-        raise ValueError(f"rank {team.rank}: all_reduce: out {tuple(out.shape)} must have the input's shape "
+        raise ValueError(f"{team.who()}: all_reduce: out {tuple(out.shape)} must have the input's shape "
                          f"{tuple(inp.shape)}")
     if out is not inp and out.data_ptr() != inp.data_ptr():
         check_separate(team, "all_reduce", out, inp)
     op_name(team, options[0])
     acc_dtype(team, inp.dtype, "all_reduce")
     if options[1] not in ALGORITHMS:  # the table's rows and "auto"
-        raise ValueError(f"rank {team.rank}: all_reduce: algorithm={options[1]!r} is not one of {ALGORITHMS}")
+        raise ValueError(f"{team.who()}: all_reduce: algorithm={options[1]!r} is not one of {ALGORITHMS}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,13 +265,13 @@ def _split_table(team: Team, in_splits, out_splits, rows_in: int, rows_out: int)
         on_device = isinstance(splits, torch.Tensor) and not splits.is_cpu  # where the caller keeps them
         s = splits if on_device else torch.as_tensor(splits)
         if s.dtype.is_floating_point or s.dtype.is_complex or s.dtype == torch.bool:
-            raise TypeError(f"rank {team.rank}: all_to_all_v: {name} must hold integer row counts, got {s.dtype}"
+            raise TypeError(f"{team.who()}: all_to_all_v: {name} must hold integer row counts, got {s.dtype}"
                             + ("" if on_device else f" {s.tolist()}"))
         if s.numel() != w:
-            raise ValueError(f"rank {team.rank}: all_to_all_v: {name} has {s.numel()} entries, expected "
+            raise ValueError(f"{team.who()}: all_to_all_v: {name} has {s.numel()} entries, expected "
                              f"world_size = {w}")
         if not on_device and (int(s.sum()) != rows or bool((s < 0).any())):
-            raise ValueError(f"rank {team.rank}: all_to_all_v: {name} {s.tolist()} must be non-negative and sum "
+            raise ValueError(f"{team.who()}: all_to_all_v: {name} {s.tolist()} must be non-negative and sum "
                              f"to the {rows} rows along dim 0")
         sizes.append(s.reshape(-1).to(device=team.device, dtype=torch.int64))
     table[:w] = sizes[0]
@@ -286,7 +286,7 @@ def _check_all_to_all_v(team: Team, tensors: tuple, options: tuple) -> None:
     check_separate(team, "all_to_all_v", out, inp)
     if not team.spans_nodes and not team.is_symmetric(inp):  # across nodes it is staged
         raise NotSymmetricError(
-            f"rank {team.rank}: all_to_all_v: inp must lie on the heap (its size differs between ranks, so it "
+            f"{team.who()}: all_to_all_v: inp must lie on the heap (its size differs between ranks, so it "
             f"cannot be staged): allocate a buffer of the largest size with ctx.empty and pass a slice of it")
     check_rows(team, "all_to_all_v", out, inp)
 

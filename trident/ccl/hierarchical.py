@@ -121,7 +121,7 @@ def all_to_all_v(ctx, tensors, options) -> None:
     sizes = [torch.as_tensor(s).reshape(-1).tolist() for s in (out_splits, in_splits)]
     for name, split, rows in (("out_splits", sizes[0], out.shape[0]), ("in_splits", sizes[1], inp.shape[0])):
         if len(split) != ctx.world_size or sum(split) != rows or min(split) < 0:
-            raise ValueError(f"rank {ctx.rank}: all_to_all_v: {name} {split} must hold world_size = "
+            raise ValueError(f"{ctx.who()}: all_to_all_v: {name} {split} must hold world_size = "
                              f"{ctx.world_size} non-negative row counts summing to the {rows} rows along dim 0")
     node, cross, nodes, size = _parts(ctx, "all_to_all_v")
     sent = ctx.all_gather_object("all_to_all_v split sizes", sizes[1])  # sent[p][q]: rows p sends q

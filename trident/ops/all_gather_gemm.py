@@ -38,7 +38,7 @@ GPU_COMM_PROGRAMS = 16
 
 def _check_all_gather_gemm_args(ctx, A_local, B, C, pattern, config, comm_programs) -> None:
     """Every argument problem, raised before anything runs (the message names the rank)."""
-    where = f"rank {ctx.rank}: all_gather_gemm"
+    where = f"{ctx.who()}: all_gather_gemm"
     check_pattern(ctx, where, pattern, ALL_GATHER_GEMM, comm_programs)
     check_fused_operands(ctx, where, config, A_local=A_local, B=B, C=C)
     if A_local.shape[1] != B.shape[0]:

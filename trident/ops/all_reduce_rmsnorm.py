@@ -51,11 +51,11 @@ MAX_HIDDEN = 32768
 
 
 def _fail(ctx, message: str, kind=ValueError):
-    raise kind(f"rank {ctx.rank}: all_reduce_rmsnorm: {message}")
+    raise kind(f"{ctx.who()}: all_reduce_rmsnorm: {message}")
 
 
 def _check(ctx, x, weight, eps, residual, out_dtype, scale):
-    where = f"rank {ctx.rank}: all_reduce_rmsnorm"
+    where = f"{ctx.who()}: all_reduce_rmsnorm"
     check_tensor(where, "x", x, ctx.device, DTYPES, dims=2)
     check_tensor(where, "weight", weight, ctx.device, DTYPES, dims=1)
     tokens, hidden = x.shape

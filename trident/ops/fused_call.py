@@ -276,7 +276,7 @@ def check_fused_operands(ctx, where: str, config, symmetric: tuple[str, ...] = (
 
     Example::
 
-        check_fused_operands(ctx, f"rank {ctx.rank}: all_gather_gemm", None, ("A_local",), A_local=A, B=B, C=C)
+        check_fused_operands(ctx, f"{ctx.who()}: all_gather_gemm", None, ("A_local",), A_local=A, B=B, C=C)
     """
     check_matrices(where, ctx.device, True, **tensors)
     for name in symmetric:
@@ -298,7 +298,7 @@ def check_tensor(where: str, name: str, t, device, dtypes, dims: int) -> None:
 
     Example::
 
-        check_tensor(f"rank {ctx.rank}: moe_dispatch", "x", x, ctx.device, (torch.bfloat16,), dims=2)
+        check_tensor(f"{ctx.who()}: moe_dispatch", "x", x, ctx.device, (torch.bfloat16,), dims=2)
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -319,7 +319,7 @@ def check_pattern(ctx, where: str, pattern: str, spec: OpSpec, comm_programs=Non
 
     Example::
 
-        check_pattern(ctx, f"rank {ctx.rank}: gemm_all_scatter", pattern, GEMM_ALL_SCATTER, comm_programs)
+        check_pattern(ctx, f"{ctx.who()}: gemm_all_scatter", pattern, GEMM_ALL_SCATTER, comm_programs)
     """
     if pattern not in spec.pattern_names:
         raise ValueError(f"{where}: pattern={pattern!r} is not one of {spec.pattern_names}")

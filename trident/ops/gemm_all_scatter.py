@@ -52,7 +52,7 @@ def gpu_comm_programs(world_size: int) -> int:
 
 def _check_gemm_all_scatter_args(ctx, A, B_local, C, pattern, config, comm_programs) -> None:
     """Every argument problem, raised before anything runs (the message names the rank)."""
-    where = f"rank {ctx.rank}: gemm_all_scatter"
+    where = f"{ctx.who()}: gemm_all_scatter"
     check_pattern(ctx, where, pattern, GEMM_ALL_SCATTER, comm_programs)
     check_fused_operands(ctx, where, config, ("C",), A=A, B_local=B_local, C=C)
     if A.shape[1] != B_local.shape[0]:

@@ -43,7 +43,7 @@ def check_partial_product_args(ctx, spec: OpSpec, A, B, C, pattern, config, comm
 
         check_partial_product_args(ctx, GEMM_REDUCE_SCATTER, A, B, C, pattern, None, None, rows_per_rank=True)
     """
-    where = f"rank {ctx.rank}: {spec.name}"
+    where = f"{ctx.who()}: {spec.name}"
     check_pattern(ctx, where, pattern, spec, comm_programs)
     check_fused_operands(ctx, where, config, A=A, B=B, C=C)
     if A.shape[1] != B.shape[0]:

@@ -232,13 +232,13 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
 
 def _check_dispatch_call(team, tensors, options) -> None:
     (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity) = tensors, options
-    _check_dispatch(team, f"rank {team.rank}: moe_dispatch", x, topk_idx, num_experts, max_tokens_per_rank,
+    _check_dispatch(team, f"{team.who()}: moe_dispatch", x, topk_idx, num_experts, max_tokens_per_rank,
                     capacity, x_scales)
 
 
 def _run_dispatch(team, rec, tensors, options) -> None:
     (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity) = tensors, options
-    ctx, where = team, f"rank {team.rank}: moe_dispatch"
+    ctx, where = team, f"{team.who()}: moe_dispatch"
     (tokens, hidden), k, world = x.shape, topk_idx.shape[1], ctx.world_size
     facts = (hidden, k, num_experts, str(x.dtype), capacity, x_scales is not None)
     if max_tokens_per_rank is None:
@@ -324,7 +324,7 @@ def moe_combine(ctx, expert_out: torch.Tensor, topk_weights: torch.Tensor, d: Mo
     ctx = team(ctx, group)
     if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
         raise multinode.refuse(ctx, "moe_combine")
-    where = f"rank {ctx.rank}: moe_combine"
+    where = f"{ctx.who()}: moe_combine"
     if not isinstance(d, MoEDispatch):
         _fail(where, f"d must be the MoEDispatch of trident.ops.moe_dispatch, got {type(d).__name__}", TypeError)
     if d.handle.team is not ctx:
@@ -352,7 +352,7 @@ def combine_rows(team, expert_out, topk_weights, topk_idx, recv_src, recv_j, sta
 
 def _check_combine(team, tensors, options) -> None:
     expert_out, topk_weights, topk_idx = tensors[:3]
-    where, capacity = f"rank {team.rank}: moe_combine", options[2]
+    where, capacity = f"{team.who()}: moe_combine", options[2]
     check_tensor(where, "expert_out", expert_out, team.device, OUT_DTYPES, dims=2)
     check_tensor(where, "topk_weights", topk_weights, team.device, (torch.float32, torch.bfloat16, torch.float16),
                  dims=2)

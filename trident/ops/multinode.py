@@ -34,7 +34,7 @@ ACROSS_NODES = ("gemm_reduce_scatter", "all_gather_gemm", "gemm_all_reduce")
 def refuse(ctx, name: str):
     """The error of an op that does not run across nodes, saying what does."""
     return TopologyError(
-        f"rank {ctx.rank}: trident.ops.{name} does not run across nodes (this job: {ctx.topology.describe()}): "
+        f"{ctx.who()}: trident.ops.{name} does not run across nodes (this job: {ctx.topology.describe()}): "
         f"it reads and writes peers' heaps, which are mapped inside a node only. Run it inside a node, with "
         f"group=ctx.new_group(ranks) for the ranks of one node (ctx.nodes), and move data between nodes with "
         f"trident.ccl or torch.distributed. Across nodes trident runs the collectives of trident.ccl and "
@@ -58,7 +58,7 @@ def _parts(ctx, name: str):
 def _check_2d(ctx, name: str, **tensors) -> None:
     for key, t in tensors.items():
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
-            raise ValueError(f"rank {ctx.rank}: {name}: {key} must be a 2-D tensor")
+            raise ValueError(f"{ctx.who()}: {name}: {key} must be a 2-D tensor")
 
 
 def gemm_reduce_scatter(ctx, tensors, options, fused) -> None:
@@ -69,7 +69,7 @@ def gemm_reduce_scatter(ctx, tensors, options, fused) -> None:
     node, cross, nodes, size = _parts(ctx, "gemm_reduce_scatter")
     (M, K), cols = A.shape, B.shape[1]
     if M % ctx.world_size or C.shape != (M // ctx.world_size, cols):
-        raise ValueError(f"rank {ctx.rank}: gemm_reduce_scatter: A has {M} rows and C shape {tuple(C.shape)}; "
+        raise ValueError(f"{ctx.who()}: gemm_reduce_scatter: A has {M} rows and C shape {tuple(C.shape)}; "
                          f"expected rows divisible by world_size = {ctx.world_size} and C of "
                          f"({M // ctx.world_size}, {cols})")
     m, me, dsts = M // ctx.world_size, ctx._hierarchy.topology.node, ctx._hierarchy.cross_ranks
@@ -94,7 +94,7 @@ def all_gather_gemm(ctx, tensors, options, fused) -> None:
     node, cross, nodes, size = _parts(ctx, "all_gather_gemm")
     (m, K), cols = A_local.shape, B.shape[1]
     if C.shape != (ctx.world_size * m, cols):
-        raise ValueError(f"rank {ctx.rank}: all_gather_gemm: C has shape {tuple(C.shape)}, expected "
+        raise ValueError(f"{ctx.who()}: all_gather_gemm: C has shape {tuple(C.shape)}, expected "
                          f"({ctx.world_size * m}, {cols})")
     me, A_local = ctx._hierarchy.topology.node, A_local.contiguous()
     across = torch.empty(nodes * m, K, dtype=A_local.dtype, device=A_local.device)

@@ -263,6 +263,10 @@ class Context(SymmetricHeapMixin):
             listing = "; ".join(f"rank {r}: {v}" for r, v in enumerate(everyone))
             raise DivergenceError(f"rank {self.rank}: ranks called collectives with different arguments: {listing}")
 
+    def who(self) -> str:
+        """This rank as errors name it (a group adds its group rank: :meth:`Group.who`)."""
+        return f"rank {self.rank}"
+
     @property
     def debug(self) -> bool:
         """Whether the device debug mode (``TRIDENT_DEBUG=1`` at import) is on."""
