@@ -146,11 +146,11 @@ class TridentProcessGroup(dist.ProcessGroup):
     def _ours(self, *tensors) -> bool:
         """Whether trident runs a call on these tensors (else the fallback does). Never once the
         trident slot is gone (its heap_scope ended); a closed context raises ContextClosedError."""
-        if self.ctx._closed:
+        if self.ctx.closed:
             raise ContextClosedError(f"rank {self.ctx.rank}: torch group {self.group.group_name} (backend 'trident'): "
                                      f"its trident context is closed; destroy the group (dist.destroy_process_group) "
                                      f"before ctx.close(), or make a new context and group")
-        if self.group._closed:
+        if self.group.closed:
             return False
         device, limit = self._device, self._limit
         for t in tensors:
@@ -232,7 +232,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         """``dist.barrier``: this rank's device work done, then every member's (trident's group barrier;
         the fallback's once the trident slot is gone)."""
         self._ours()  # a closed context raises
-        if self.group._closed:
+        if self.group.closed:
             return self._fall("barrier", opts=opts)
         self.group.barrier()
         return _done([])

@@ -118,7 +118,7 @@ def current_arena() -> Arena:
     the ones ``trident.init`` kept."""
     arena = _ARENA() if _ARENA is not None else None
     # Gone with its context, or with the heap_scope() it was made in (its heap is freed then).
-    if arena is not None and not arena.ctx._closed and arena.ctx._resources.peek("dist_backend.arena") is arena:
+    if arena is not None and not arena.ctx.closed and arena.ctx.resources.peek("dist_backend.arena") is arena:
         return arena
     for ctx in open_contexts():
         region = ctx.reserved_region(NAME)  # what trident.init kept for us (init_slots)

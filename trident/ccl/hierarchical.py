@@ -3,9 +3,9 @@
 A rank maps the heaps of its own node only (:mod:`trident.runtime.nodes`). With N nodes of L
 ranks (contiguous blocks, as torchrun makes them), world rank ``r = n * L + l``, each call runs:
 
-* an intra-node step with trident's kernels over the node's ranks (``ctx._hierarchy.node``, a group);
+* an intra-node step with trident's kernels over the node's ranks (``ctx.hierarchy.node``, a group);
 * an inter-node step with torch.distributed over the N ranks that share local rank ``l``
-  (``ctx._hierarchy.cross``: NCCL on GPUs, gloo in the simulator).
+  (``ctx.hierarchy.cross``: NCCL on GPUs, gloo in the simulator).
 
 Across nodes each GPU sends only its 1/L share (all_reduce, all_gather, reduce_scatter), over
 its own NIC, in N - 1 steps instead of a flat ring's W - 1. The steps run one after the other
@@ -34,7 +34,7 @@ _TORCH_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.Re
 
 def _parts(ctx, what: str):
     """(node group, torch group across nodes, nodes, ranks per node), or a TopologyError."""
-    h = ctx._hierarchy
+    h = ctx.hierarchy
     h.require_regular(f"trident.ccl.{what}")
     return h.node, h.cross, len(h.topology.nodes), h.node.world_size
 
@@ -125,7 +125,7 @@ def all_to_all_v(ctx, tensors, options) -> None:
                              f"{ctx.world_size} non-negative row counts summing to the {rows} rows along dim 0")
     node, cross, nodes, size = _parts(ctx, "all_to_all_v")
     sent = ctx.all_gather_object("all_to_all_v split sizes", sizes[1])  # sent[p][q]: rows p sends q
-    me, mine = ctx._hierarchy.topology.node, node.rank
+    me, mine = ctx.hierarchy.topology.node, node.rank
     home = [me * size + s for s in range(size)]  # my node's ranks, by local rank
 
     def rank(n, local):

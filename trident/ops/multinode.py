@@ -50,7 +50,7 @@ def refusing(name: str):
 
 
 def _parts(ctx, name: str):
-    h = ctx._hierarchy
+    h = ctx.hierarchy
     h.require_regular(f"trident.ops.{name}")
     return h.node, h.cross, len(h.topology.nodes), h.node.world_size
 
@@ -72,7 +72,7 @@ def gemm_reduce_scatter(ctx, tensors, options, fused) -> None:
         raise ValueError(f"{ctx.who()}: gemm_reduce_scatter: A has {M} rows and C shape {tuple(C.shape)}; "
                          f"expected rows divisible by world_size = {ctx.world_size} and C of "
                          f"({M // ctx.world_size}, {cols})")
-    m, me, dsts = M // ctx.world_size, ctx._hierarchy.topology.node, ctx._hierarchy.cross_ranks
+    m, me, dsts = M // ctx.world_size, ctx.hierarchy.topology.node, ctx.hierarchy.cross_ranks
     # Node n's row blocks, one after another: the fused op leaves local rank l the node's sum of block
     # (n, l), whose reduction to rank (n, l) across nodes runs while the next node's blocks are computed.
     per_node, pending = A.contiguous().view(nodes, size * m, K), []
@@ -96,7 +96,7 @@ def all_gather_gemm(ctx, tensors, options, fused) -> None:
     if C.shape != (ctx.world_size * m, cols):
         raise ValueError(f"{ctx.who()}: all_gather_gemm: C has shape {tuple(C.shape)}, expected "
                          f"({ctx.world_size * m}, {cols})")
-    me, A_local = ctx._hierarchy.topology.node, A_local.contiguous()
+    me, A_local = ctx.hierarchy.topology.node, A_local.contiguous()
     across = torch.empty(nodes * m, K, dtype=A_local.dtype, device=A_local.device)
     work = cross.all_gather(across, A_local, async_op=True)  # local rank l of every node, meanwhile:
     out = C if C.is_contiguous() else torch.empty_like(C, memory_format=torch.contiguous_format)

@@ -58,7 +58,7 @@ def _broadcast_tensor(ctx, tensor: torch.Tensor, src: int, everyone: list) -> to
         return tensor
     if ctx.topology.spans_nodes:  # no heap path between nodes: torch.distributed's default group
         buf = tensor.contiguous()
-        ctx._hierarchy.world.broadcast(buf, src)
+        ctx.hierarchy.world.broadcast(buf, src)
         return tensor if buf is tensor else tensor.copy_(buf)
     # Read straight from src's heap when every rank's tensor is the same symmetric tensor;
     # otherwise src stages its data in a temporary symmetric tensor.

@@ -109,7 +109,7 @@ def new_group(ctx, ranks, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> Gro
         pairs = [ctx.new_group([0, 1]), ctx.new_group([2, 3])]   # every rank makes both
         mine = next(g for g in pairs if g is not None)
     """
-    ctx._check_open()
+    ctx.check_open()
     # Checked after the exchange, so that every rank raises the same error (none is left waiting).
     everyone = ctx.all_gather_object("new_group", _problem(ctx, ranks, workspace_bytes))
     bad = [f"rank {r}: {p}" for r, (p, _, _) in enumerate(everyone) if p is not None]
@@ -160,14 +160,14 @@ def destroy_group(ctx, group) -> None:
         tp = ctx.new_group([0, 1])
         ctx.destroy_group(tp)   # on ranks 0, 1 tp is the group; elsewhere None
     """
-    ctx._check_open()
+    ctx.check_open()
     if group is not None and (not isinstance(group, Group) or group.ctx is not ctx):
         mine: str | None = f"not a group of this context: {group!r}"
     else:
         mine = None if group is None else group.group_name
     everyone = ctx.all_gather_object("destroy_group", mine)
     names = {v for v in everyone if v is not None}
-    record = ctx._resources.peek(f"groups/{next(iter(names))}") if len(names) == 1 else None
+    record = ctx.resources.peek(f"groups/{next(iter(names))}") if len(names) == 1 else None
     listing = "; ".join(f"rank {r}: {v}" for r, v in enumerate(everyone))
     if record is None or record.destroyed or record.region is None:
         raise ValueError(f"rank {ctx.rank}: destroy_group: the ranks must name one live group of ctx.new_group "
@@ -200,7 +200,7 @@ def groups_from_mesh(ctx, mesh, dim, workspace_bytes: int = DEFAULT_WORKSPACE_BY
         mesh = DeviceMesh("cuda", torch.arange(8).view(2, 4), mesh_dim_names=("dp", "tp"))
         tp = ctx.groups_from_mesh(mesh, "tp")     # ranks 0-3 or 4-7
     """
-    ctx._check_open()
+    ctx.check_open()
     if isinstance(dim, str):
         names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
         if dim not in names:

@@ -66,7 +66,7 @@ def register(obj, name: str) -> str:
 
 def open_contexts() -> list:
     """This process's open trident contexts (whole worlds, not groups)."""
-    return [o for o in _BY_NAME.values() if not isinstance(o, Group) and not o._closed]
+    return [o for o in _BY_NAME.values() if not isinstance(o, Group) and not o.closed]
 
 
 def resolve(group_name: str):
@@ -79,8 +79,8 @@ def resolve(group_name: str):
     """
     obj = _BY_NAME.get(group_name) if isinstance(group_name, str) else None
     ctx = obj.ctx if isinstance(obj, Group) else obj
-    if ctx is None or ctx._closed:
-        known = sorted(name for name, o in _BY_NAME.items() if not (o.ctx if isinstance(o, Group) else o)._closed)
+    if ctx is None or ctx.closed:
+        known = sorted(name for name, o in _BY_NAME.items() if not (o.ctx if isinstance(o, Group) else o).closed)
         raise ValueError(f"no open trident context or group is named {group_name!r} in this process "
                          f"(open: {known}); pass ctx.group_name or g.group_name")
     return ctx, (obj if isinstance(obj, Group) else None)
@@ -124,7 +124,7 @@ class Group:
 
     def _check_usable(self, what: str = "use") -> None:
         """Raise unless the group may run work: its context is open and the group was not released."""
-        if self.ctx._closed:
+        if self.ctx.closed:
             raise ContextClosedError(f"rank {self.ctx.rank}: group {self.group_name} ({list(self.ranks)}): cannot "
                                      f"{what}: its trident context is closed; make a new context and group")
         if self._released is not None:
@@ -149,7 +149,17 @@ class Group:
 
     @property
     def _closed(self) -> bool:
-        return self.ctx._closed or self._released is not None
+        return self.ctx.closed or self._released is not None
+
+    @property
+    def closed(self) -> bool:
+        """Whether the group has ended (its context closed, destroyed, or its heap_scope over)."""
+        return self._closed
+
+    @property
+    def resources(self) -> Resources:
+        """The group's own resources (its collective workspace)."""
+        return self._resources
 
     def heap_offset(self, tensor) -> int:
         """A heap tensor's offset (the same as the world's)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -54,6 +54,27 @@ class SymmetricHeapMixin(TensorFactory):
     topology: Topology
     _check_open: Callable[[], None]
     _debug_check_in_step: Callable[[str], None]
+    _hierarchy: Any
+
+    # The public names other modules read (never the private attributes behind them).
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` ran (every call then raises :class:`ContextClosedError`)."""
+        return self._closed
+
+    @property
+    def resources(self) -> Resources:
+        """The context's per-context resources (workspaces, groups' records, reserved regions)."""
+        return self._resources
+
+    @property
+    def hierarchy(self):
+        """Across nodes: the node's group and the torch group across nodes (``trident.runtime.nodes``); else None."""
+        return self._hierarchy
+
+    def check_open(self) -> None:
+        """Raise :class:`ContextClosedError` if the context is closed."""
+        self._check_open()
 
     def _place(self, meta: torch.Tensor, what: str, out, device) -> torch.Tensor:
         """Reserve heap bytes for a tensor shaped like ``meta`` (or reuse ``out``)."""

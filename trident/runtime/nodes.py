@@ -255,8 +255,8 @@ class NodeTeam(Group):
 
     def __init__(self, ctx, *args):
         super().__init__(ctx, *args)
-        self._resources = ctx._resources  # one generation count for recorded calls (trident.calls)
-        self.call_cache = CallCache(ctx._resources)
+        self._resources = ctx.resources  # one generation count for recorded calls (trident.calls)
+        self.call_cache = CallCache(ctx.resources)
 
     def resource(self, key: str, factory):
         """The node's state under ``key``, kept among the world's resources."""

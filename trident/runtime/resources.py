@@ -49,7 +49,7 @@ def note_call(team, name: str) -> None:
     marked *captured*: the graph may replay on that memory, so it is never freed while the team
     lives (see :meth:`GrowingBuffer.get`). ``name`` (the op) is what a heap-exhaustion error names.
     """
-    resources = team._resources
+    resources = team.resources
     resources.calling = name
     if _capturing(team):
         for buffer in list(resources.buffers):
@@ -154,7 +154,7 @@ class GrowingBuffer:
         self.tensor: torch.Tensor | None = None
         self.captured = False  # a call used self.tensor inside CUDA-graph capture
         self.kept: list[torch.Tensor] = []  # earlier captured memory, kept for graphs' replays
-        ctx._resources.buffers.add(self)
+        ctx.resources.buffers.add(self)
 
     def get(self, nbytes: int) -> torch.Tensor:
         """At least ``nbytes`` bytes (uint8, symmetric); the same size on every rank.
@@ -175,7 +175,7 @@ class GrowingBuffer:
             if self.tensor is not None:
                 self.ctx.device_barrier()  # no rank's earlier kernel still uses the old buffer
                 old, self.tensor = self.tensor, None  # gone before freed: nothing points at freed memory
-                self.ctx._resources.moved()  # nor a recorded call (trident.calls)
+                self.ctx.resources.moved()  # nor a recorded call (trident.calls)
                 if self.captured:  # a graph may replay on it: never free it (docs/pytorch.md, CUDA graphs)
                     self.kept.append(old)
                     self.captured = False
@@ -195,7 +195,7 @@ class GrowingBuffer:
         try:
             return self.ctx.zeros(size, dtype=torch.uint8) if self.zeroed else self.ctx.empty(size, dtype=torch.uint8)
         except HeapExhaustedError as exc:
-            op = self.ctx._resources.calling
+            op = self.ctx.resources.calling
             raise HeapExhaustedError(
                 f"rank {self.ctx.rank}: {f'trident {op}' if op else 'a trident call'} needs {self.what} to grow "
                 f"to {size} bytes (a power of two at least the call's size), and the symmetric heap cannot hold it: "
@@ -207,7 +207,7 @@ class GrowingBuffer:
         if self.tensor is not None:
             self.tensor = None
             self.captured = False
-            self.ctx._resources.moved()
+            self.ctx.resources.moved()
 
     def view(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """Exactly ``numel`` elements of ``dtype`` (flat) at the start of the buffer."""
