@@ -91,11 +91,6 @@ class _Done(dist.Work):
         return future
 
 
-def _done(result) -> dist.Work:
-    """A completed Work holding ``result`` (the tensors the collective wrote)."""
-    return _Done(result)
-
-
 def _make_fallback(ctx, store, rank: int, size: int, timeout) -> dist.ProcessGroupNCCL | dist.ProcessGroupGloo:
     """The group that runs what trident does not: NCCL with a GPU per rank, gloo otherwise."""
     store = dist.PrefixStore("fallback/", store)
@@ -235,7 +230,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         if self.group.closed:
             return self._fall("barrier", opts=opts)
         self.group.barrier()
-        return _done([])
+        return self._completed([])
 
     def shutdown(self) -> None:
         """Give the group's slot back (``dist.destroy_process_group(pg)`` calls this)."""

@@ -7,11 +7,11 @@ strides and dtypes, where each lies (on the heap or not, 16-byte aligned or not,
 share memory), and its options. So the cache is keyed on that, never on addresses, and a
 recorded call is replayed with this call's addresses bound in (:mod:`trident.calls.recording`).
 
-Each team (a context, a group) has one :class:`CallCache` (``team.call_cache``). Entries are
-valid in one *generation* of the team's resources (:class:`trident.runtime.resources.Resources`):
-a workspace buffer that grew, a ``heap_scope`` that ended or a ``close()`` starts a new one, and
-the cache forgets everything recorded on the old buffers. Nothing outside this module and
-``resources.py`` reads or bumps the generation.
+Each team (a context, a group) has one :class:`CallCache` (``team.call_cache``), registered with
+the team's resources (:class:`trident.runtime.resources.Resources`): a workspace buffer that grew,
+a ``heap_scope`` that ended or a ``close()`` starts a new *generation* of them and clears every
+registered cache at once, so nothing recorded on the old buffers is replayed or kept alive. The
+pipeline keeps a new recording only if all its steps saw the generation it ends in.
 """
 
 from __future__ import annotations
@@ -68,22 +68,23 @@ def _key(name: str, tensors: tuple, options: tuple, heap: tuple[int, int] | None
 
 
 class CallCache:
-    """Entries by layout key, valid in the current generation of ``resources`` (None: forever,
-    for calls outside any team such as ``trident.ops.matmul``).
+    """Entries by layout key. A team's cache (``resources`` given) registers with the team's
+    resources, which clear it at once whenever memory behind its recordings moves
+    (:meth:`trident.runtime.resources.Resources.moved`); without (calls outside any team, such as
+    ``trident.ops.matmul``) entries stay until evicted.
 
     Example::
 
         entry = team.call_cache.get(key)
         if entry is None:
             entry = full_call(...)
-            team.call_cache.put(key, entry, generation)
+            team.call_cache.put(key, entry)
     """
 
-    __slots__ = ("_resources", "_generation", "_entries", "max_entries", "__weakref__")
+    __slots__ = ("_resources", "_entries", "max_entries", "__weakref__")
 
     def __init__(self, resources=None, max_entries: int = MAX_ENTRIES):
         self._resources = resources
-        self._generation = self.generation
         if resources is not None:
             resources.caches.add(self)  # cleared at once when the memory moves (Resources.moved)
         self._entries: dict = {}
@@ -91,32 +92,23 @@ class CallCache:
 
     @property
     def generation(self) -> int:
-        """The generation of the resources now (entries recorded in another one are stale)."""
+        """The generation of the resources now: a recording whose steps saw another one launched on
+        memory that has moved since (the pipeline keeps it only if all its steps saw this one)."""
         return 0 if self._resources is None else self._resources.generation
 
     def get(self, key):
-        """The entry kept for ``key`` (None if none, or if it was recorded on buffers that have moved)."""
-        if self._resources is not None and self._resources.generation != self._generation:
-            self._entries.clear()
-            self._generation = self._resources.generation
+        """The entry kept for ``key``, or None."""
         return self._entries.get(key)
 
-    def put(self, key, entry, generation: int | None = None) -> bool:
-        """Keep ``entry`` for ``key`` if the resources are still in ``generation`` (the one the entry
-        was made in; None: now). Returns whether it was kept."""
-        if key is None or (generation is not None and generation != self.generation):
-            return False
-        self.get(None)  # forget stale entries first
+    def put(self, key, entry) -> None:
+        """Keep ``entry`` for ``key`` (the oldest entry goes past :attr:`max_entries`)."""
         if key not in self._entries and len(self._entries) >= self.max_entries:
             del self._entries[next(iter(self._entries))]
         self._entries[key] = entry
-        return True
 
     def clear(self) -> None:
         """Forget every entry."""
         self._entries.clear()
 
     def __len__(self) -> int:
-        self.get(None)
         return len(self._entries)
-

@@ -86,7 +86,6 @@ def run_call(team: Team, op: Op, tensors: tuple, options: tuple = ()):
         if not getattr(op.across_nodes, "refuses", False):  # a refusal says so before any check
             _check(team, op, tensors, options)
         return op.across_nodes(team, tensors, options)
-    note_call(team, op.name)  # inside capture, the team's buffers are kept for the graph's replays
     note_call(team, op.name)  # inside CUDA-graph capture: the buffers it may replay on are kept
     cache = team.call_cache
     key = None

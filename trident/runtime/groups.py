@@ -148,13 +148,9 @@ class Group:
         return self.ctx.debug
 
     @property
-    def _closed(self) -> bool:
-        return self.ctx.closed or self._released is not None
-
-    @property
     def closed(self) -> bool:
         """Whether the group has ended (its context closed, destroyed, or its heap_scope over)."""
-        return self._closed
+        return self.ctx.closed or self._released is not None
 
     @property
     def resources(self) -> Resources:
