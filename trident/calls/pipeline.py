@@ -50,8 +50,10 @@ class Op:
             ``rec`` (or ``rec.rerun_with(...)`` where the work cannot be recorded).
         facts: ``facts(tensors, options)``: what every rank must pass alike (checked in the debug
             mode), or None.
-        across_nodes: ``across_nodes(team, tensors, options)`` when the team spans nodes, or None
-            (the op refuses with a :class:`TopologyError`).
+        across_nodes: ``across_nodes(team, tensors, options)`` when the team spans nodes (after the
+            check), or None: the op refuses, before any check.
+        refusal: ``refusal(team)``: the error an op without ``across_nodes`` raises (None: a
+            generic :class:`TopologyError`).
         cacheable: ``cacheable(options)``: whether a call may be kept (False e.g. with a trace), or
             None (always).
     """
@@ -62,6 +64,7 @@ class Op:
     facts: Callable | None = None
     across_nodes: Callable | None = None
     cacheable: Callable | None = None
+    refusal: Callable | None = None
 
 
 def run_call(team: Team, op: Op, tensors: tuple, options: tuple = ()):
@@ -78,13 +81,14 @@ def run_call(team: Team, op: Op, tensors: tuple, options: tuple = ()):
     """
     if team.spans_nodes:
         if op.across_nodes is None:
+            if op.refusal is not None:
+                raise op.refusal(team)
             world = cast("Context", team)  # only the world spans nodes (a group lives in one node)
             raise TopologyError(
                 f"{team.who()}: trident {op.name} does not run across nodes (this job: "
                 f"{world.topology.describe()}): run it inside a node, with group=ctx.new_group(ranks) for the "
                 f"ranks of one node (docs/multi-node.md)")
-        if not getattr(op.across_nodes, "refuses", False):  # a refusal says so before any check
-            _check(team, op, tensors, options)
+        _check(team, op, tensors, options)
         return op.across_nodes(team, tensors, options)
     note_call(team, op.name)  # inside CUDA-graph capture: the buffers it may replay on are kept
     cache = team.call_cache

@@ -155,7 +155,7 @@ def _run(team, rec, tensors, options) -> None:
 
 #: The op as the call pipeline runs it (it does not run across nodes: run it in a node's group).
 ALL_REDUCE_RMSNORM = Op(
-    "all_reduce_rmsnorm", _check_call, _run, across_nodes=multinode.refusing("all_reduce_rmsnorm"),
+    "all_reduce_rmsnorm", _check_call, _run, refusal=lambda team: multinode.refuse(team, "all_reduce_rmsnorm"),
     facts=lambda tensors, options: (tuple(tensors[0].shape), tensors[0].dtype, tensors[2] is None, str(options[2])))
 
 

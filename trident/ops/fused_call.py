@@ -185,7 +185,7 @@ def prepare_call(ctx: Team, spec: OpSpec, pattern: str, A: torch.Tensor, B: torc
                      comm_programs=comm_programs or spec.comm_programs(ctx.platform), trace=trace)
 
 
-def fused_op(spec: OpSpec, check, shape, across_nodes=None) -> Op:
+def fused_op(spec: OpSpec, check, shape, across_nodes=None, refusal=None) -> Op:
     """The call pipeline's record (:class:`trident.calls.Op`) of a fused GEMM op.
 
     Operands are ``(A, B, C)`` in the op's order, options ``(pattern, config, comm_programs, trace)``.
@@ -196,7 +196,7 @@ def fused_op(spec: OpSpec, check, shape, across_nodes=None) -> Op:
         shape: ``shape(team, A, B, C)`` -> ``((M, N, K), size, empty)``: the GEMM this rank runs
             (its tile config is picked for it), the M*N*K ``auto`` looks up, and whether C is empty
             (nothing to do).
-        across_nodes: the pipeline's across-nodes hook, or None (the op refuses).
+        across_nodes: the pipeline's across-nodes hook, or None (the op refuses, with ``refusal(team)``).
 
     Example::
 
@@ -224,7 +224,7 @@ def fused_op(spec: OpSpec, check, shape, across_nodes=None) -> Op:
         call.run()
 
     return Op(spec.name, check=lambda team, t, o: check(team, *t, *o[:3]), run=run, across_nodes=across_nodes,
-              cacheable=lambda options: options[3] is None)
+              cacheable=lambda options: options[3] is None, refusal=refusal)
 
 
 def split_roles(call: FusedCall, comm_work: int, other_work: int) -> tuple[int, int]:

@@ -185,7 +185,7 @@ def _shape(team, A, B_local, C):
 
 #: The op as the call pipeline runs it (it refuses across nodes).
 GEMM_ALL_SCATTER_OP = fused_op(GEMM_ALL_SCATTER, lambda team, *args: _check_gemm_all_scatter_args(team, *args),
-                               _shape, across_nodes=multinode.refusing("gemm_all_scatter"))
+                               _shape, refusal=lambda team: multinode.refuse(team, "gemm_all_scatter"))
 
 
 def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tensor, pattern: str = "auto",

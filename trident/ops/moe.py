@@ -298,7 +298,8 @@ def _run_dispatch(team, rec, tensors, options) -> None:
 
 #: The dispatch as the call pipeline runs it. A call with ``max_tokens_per_rank`` given replays on
 #: new tokens; without it every call agrees on T with the host (and checks the capacity): the full path.
-MOE_DISPATCH = Op("moe_dispatch", _check_dispatch_call, _run_dispatch, across_nodes=multinode.refusing("moe_dispatch"),
+MOE_DISPATCH = Op("moe_dispatch", _check_dispatch_call, _run_dispatch,
+                  refusal=lambda team: multinode.refuse(team, "moe_dispatch"),
                   cacheable=lambda options: options[1] is not None)
 
 
@@ -385,7 +386,8 @@ def _run_combine(team, rec, tensors, options) -> None:
 
 #: The combine as the call pipeline runs it (operands: expert_out, topk_weights, topk_idx, recv_src,
 #: recv_j, status, and the new output).
-MOE_COMBINE = Op("moe_combine", _check_combine, _run_combine, across_nodes=multinode.refusing("moe_combine"),
+MOE_COMBINE = Op("moe_combine", _check_combine, _run_combine,
+                 refusal=lambda team: multinode.refuse(team, "moe_combine"),
                  facts=lambda tensors, options: (tensors[0].shape[1], tensors[2].shape[1], str(tensors[0].dtype),
                                                  options[2]))
 

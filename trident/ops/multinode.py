@@ -41,14 +41,6 @@ def refuse(ctx, name: str):
         f"{', '.join(ACROSS_NODES)} (hierarchically; docs/multi-node.md)")
 
 
-def refusing(name: str):
-    """The call pipeline's across-nodes hook of an op that refuses: raises :func:`refuse`'s error."""
-    def across_nodes(team, tensors, options):
-        raise refuse(team, name)
-    across_nodes.refuses = True  # type: ignore[attr-defined]  # read by the pipeline, which refuses before checking the arguments
-    return across_nodes
-
-
 def _parts(ctx, name: str):
     h = ctx.hierarchy
     h.require_regular(f"trident.ops.{name}")
