@@ -38,7 +38,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..errors import TridentError
-from ..kernels.prepared import Address, by_address, prepare
+from ..kernels.prepared import by_address, prepare, rebased
 
 
 class UnreplayableCall(TridentError):
@@ -75,9 +75,7 @@ class _Launch:
             if descriptor is None:
                 values[pos] = ptrs[slot] + offset
             else:  # a TMA descriptor of an operand: the same layout at the new address
-                descriptor = shallow_copy(descriptor)
-                descriptor.base = Address(ptrs[slot] + offset, descriptor.base.dtype)
-                values[pos] = descriptor
+                values[pos] = rebased(descriptor, ptrs[slot] + offset)
         self.run(*values)
 
 

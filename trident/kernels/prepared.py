@@ -79,17 +79,6 @@ class PreparedLaunch:
         else:
             self._run(*[by_address(a) for a in args], *self._tail)
 
-    def bind(self, *args) -> Callable[[], None]:
-        """A step without arguments that launches with ``args`` (converted once, tensors by address;
-        in the simulator the step holds them)."""
-        if self._run is None:
-            again = self._again
-            assert again is not None  # the simulator: one of the two is set
-            return lambda: again(*args)
-        values = (*[by_address(a) for a in args], *self._tail)
-        run = self._run
-        return lambda: run(*values)
-
 
 def _hooked(hook) -> bool:
     """Whether a Triton launch hook is set: a function, or a ``HookChain`` (Triton >= 3.5) with calls."""
@@ -152,21 +141,24 @@ class Address:
         return self.ptr
 
 
-def rebased(descriptor: TensorDescriptor, tensor: torch.Tensor) -> TensorDescriptor:
-    """``descriptor`` (shape, strides and block of ``tensor``'s layout) at ``tensor``'s address, holding
-    no tensor: a new call's descriptor from an earlier call's, without building and checking it again.
+def rebased(descriptor: TensorDescriptor, base: torch.Tensor | int) -> TensorDescriptor:
+    """``descriptor`` (shape, strides, block and dtype of an earlier call's) at ``base``'s address (a
+    tensor's, or an address), holding no tensor: a new call's descriptor from an earlier call's,
+    without building and checking it again.
 
     Example::
 
         again(rebased(first_descriptor, A), ...)   # a PreparedLaunch whose first launch made first_descriptor
     """
+    ptr = base if isinstance(base, int) else base.data_ptr()
+    dtype = descriptor.base.dtype
     descriptor = shallow_copy(descriptor)
-    descriptor.base = Address(tensor.data_ptr(), tensor.dtype)
+    descriptor.base = Address(ptr, dtype)
     return descriptor
 
 
 def by_address(value):
-    """A launch argument as a plan keeps it: tensors (also a descriptor's base) by address; anything
+    """A launch argument as a recording keeps it: tensors (also a descriptor's base) by address; anything
     else as it is.
 
     Example::
