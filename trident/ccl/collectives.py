@@ -75,7 +75,7 @@ def _block(team: Team, numel: int) -> int:
     return 1024 if numel <= 64 * 1024 else 4096
 
 
-def _on_heap(team: Team, rec: Recording, t: torch.Tensor, copy_in: bool) -> torch.Tensor:
+def on_heap(team: Team, rec: Recording, t: torch.Tensor, copy_in: bool) -> torch.Tensor:
     """``t`` itself when it lies on the heap, else the staging buffer (holding t's data when ``copy_in``).
 
     Ranks may decide differently (and pass heap tensors at different offsets): the kernels
@@ -99,7 +99,7 @@ def _check_all_gather(team: Team, tensors: tuple, options: tuple) -> None:
 
 def _run_all_gather(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
-    source = _on_heap(team, rec, inp, copy_in=False)  # staged inside the kernel
+    source = on_heap(team, rec, inp, copy_in=False)  # staged inside the kernel
     _launch(team, rec, kernels.all_gather_kernel, inp.numel(), inp, source, out, inp.numel(),
             STAGE=source is not inp, BLOCK=_block(team, inp.numel()))
 
@@ -120,7 +120,7 @@ def _check_reduce_scatter(team: Team, tensors: tuple, options: tuple) -> None:
 
 def _run_reduce_scatter(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
-    source = _on_heap(team, rec, inp, copy_in=True)
+    source = on_heap(team, rec, inp, copy_in=True)
     _launch(team, rec, kernels.reduce_scatter_kernel, out.numel(), source, out, out.numel(),
             OP=op_name(team, options[0]), ACC=acc_dtype(team, inp.dtype, "reduce_scatter"),
             BLOCK=_block(team, out.numel()))
@@ -195,7 +195,7 @@ def _run_all_reduce(team: Team, rec: Recording, tensors: tuple, options: tuple) 
     inp, out = tensors
     n = inp.numel()
     row = ALL_REDUCE_ALGORITHMS[algorithm_for(n * inp.element_size(), options[1])]
-    x = _on_heap(team, rec, inp, copy_in=False)  # staged inside the kernel
+    x = on_heap(team, rec, inp, copy_in=False)  # staged inside the kernel
     scratch = workspace(team).buffer("scratch", row.scratch(n), inp.dtype)
     meta = {"OP": op_name(team, options[0]), "ACC": acc_dtype(team, inp.dtype, "all_reduce"),
             "STAGE": x is not inp, "BLOCK": _block(team, n)}
@@ -220,7 +220,7 @@ def _check_all_to_all(team: Team, tensors: tuple, options: tuple) -> None:
 def _run_all_to_all(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
     rows, inner = inp.shape[0] // team.world_size, math.prod(inp.shape[1:])
-    source = _on_heap(team, rec, inp, copy_in=True)  # equal sizes everywhere: collective
+    source = on_heap(team, rec, inp, copy_in=True)  # equal sizes everywhere: collective
     # Equal splits: the offsets follow from the row count, so no split table is built or read.
     _launch(team, rec, kernels.all_to_all_kernel, rows * inner, source, out, workspace(team).table, inner, rows,
             EQUAL=True, BLOCK=_block(team, out.numel()))
@@ -239,7 +239,7 @@ def _check_broadcast(team: Team, tensors: tuple, options: tuple) -> None:
 
 def _run_broadcast(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     (tensor,), (src,) = tensors, options
-    x = _on_heap(team, rec, tensor, copy_in=team.rank == src)
+    x = on_heap(team, rec, tensor, copy_in=team.rank == src)
     _launch(team, rec, kernels.broadcast_kernel, tensor.numel(), x, tensor.numel(), src,
             BLOCK=_block(team, tensor.numel()))
     if x is not tensor:

@@ -34,7 +34,7 @@ import torch
 import triton
 
 from ..calls import Op, run_call
-from ..ccl.api import input_stage
+from ..ccl.collectives import on_heap
 from ..ccl.kernels import MAX_PROGRAMS
 from ..ccl.workspace import workspace
 from ..runtime.groups import team
@@ -136,8 +136,7 @@ def _run(team, rec, tensors, options) -> None:
     tokens, hidden = x.shape
     fp8 = out_dtype is not None
     # Allocated on every rank whether or not x is on the heap: allocations stay in step.
-    stage = input_stage(team, x.numel(), x.dtype).view(x.shape)
-    symmetric = team.is_symmetric(x)
+    source = on_heap(team, rec, x, copy_in=False)  # a plain x is staged by the kernel itself
     if tokens == 0:  # the same on every rank: nobody launches
         rec.discard()
         return
@@ -146,9 +145,9 @@ def _run(team, rec, tensors, options) -> None:
     programs = max(1, min(tokens, team.platform.program_limit, MAX_PROGRAMS))  # the same on every rank
     rec.launch(
         all_reduce_rmsnorm_kernel, (programs,),
-        (x, x if symmetric else stage, residual, weight, out, h, scale_ptr, scale_value, tokens, hidden, float(eps),
+        (x, source, residual, weight, out, h, scale_ptr, scale_value, tokens, hidden, float(eps),
          workspace(team).sync, team.rank, team.world_size, team.heap_bases),
-        {"FP8_OUT": fp8, "ROUND_FP8_IN_FP32": fp8 and team.platform.simulator, "STAGE": not symmetric,
+        {"FP8_OUT": fp8, "ROUND_FP8_IN_FP32": fp8 and team.platform.simulator, "STAGE": source is not x,
          "BLOCK_H": block_h, "WORLD_BLOCK": triton.next_power_of_2(team.world_size)},
         num_warps=num_warps(block_h))
 
