@@ -275,7 +275,7 @@ def _right_after_init_body(ctx):
     t = torch.full((8,), float(ctx.rank + 1), device=ctx.device)
     dist.all_reduce(t, group=g)
     _destroy(g)
-    return float(t[0]), trident.dist_backend.init_slots(ctx.heap_size, region)[0], region.offset, ctx.heap_size
+    return float(t[0]), trident.dist_backend.slots_in(ctx.heap_size, region)[0], region.offset, ctx.heap_size
 
 
 def test_a_trident_group_works_right_after_init():

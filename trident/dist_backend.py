@@ -46,6 +46,7 @@ from .dist_slots import (  # the public ones are this module's too: trident.dist
     init_bytes,
     init_slots,
     reserve,
+    slots_in,
 )
 from .errors import ContextClosedError, TridentError
 from .runtime.groups import clear_region, group_in_region
@@ -304,4 +305,4 @@ def register() -> None:
 
 
 __all__ = ["NAME", "DEFAULT_GROUPS", "DEFAULT_GROUP_BYTES", "INIT_SLOTS", "SLOTS_ENDED", "COLLECTIVE_METHODS",
-           "TridentProcessGroup", "init_bytes", "init_slots", "register", "reserve"]
+           "TridentProcessGroup", "init_bytes", "init_slots", "register", "reserve", "slots_in"]

@@ -60,22 +60,30 @@ class Arena:
 INIT_SLOTS = 4
 
 
-def init_slots(heap_size: int, count) -> tuple[int, int]:
+def _slot_bytes(heap_size: int) -> int:
+    """Each init slot's workspace: ``heap_size / 64`` bytes (aligned)."""
+    return heap_size // 64 // ALLOC_ALIGN * ALLOC_ALIGN
+
+
+def init_slots(heap_size: int, count: int) -> tuple[int, int]:
     """``(slots, bytes per slot's workspace)`` that ``trident.init(dist_groups=count)`` keeps: each
-    slot ``heap_size / 64`` bytes, all of them at most 1/8 of the heap (else none). ``count`` may
-    also be the kept region (its slots follow from its size).
+    slot ``heap_size / 64`` bytes, all of them at most 1/8 of the heap (else none).
 
     Example::
 
         trident.init(reserve={"trident": init_bytes(1 << 30, 4)})   # what trident.init does
     """
-    group_bytes = heap_size // 64 // ALLOC_ALIGN * ALLOC_ALIGN
-    if not isinstance(count, int):  # the region trident.init kept
-        return (count.nbytes // region_bytes(group_bytes) if group_bytes else 0), group_bytes
-    if isinstance(count, bool) or count < 0:
+    group_bytes = _slot_bytes(heap_size)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"dist_groups={count!r} must be an int >= 0 (slots for torch groups of backend 'trident')")
     fits = count and group_bytes and count * region_bytes(group_bytes) <= heap_size // 8
     return (count if fits else 0), group_bytes
+
+
+def slots_in(heap_size: int, region) -> tuple[int, int]:
+    """``(slots, bytes per slot's workspace)`` in the region ``trident.init`` kept (its size says how many)."""
+    group_bytes = _slot_bytes(heap_size)
+    return (region.nbytes // region_bytes(group_bytes) if group_bytes else 0), group_bytes
 
 
 def init_bytes(heap_size: int, count: int) -> int:
@@ -124,7 +132,7 @@ def current_arena() -> Arena:
         region = ctx.reserved_region(NAME)  # what trident.init kept for us (init_slots)
         if region is not None and region.nbytes:
             if region.owner is None:
-                count, group_bytes = init_slots(ctx.heap_size, region)
+                count, group_bytes = slots_in(ctx.heap_size, region)
                 region.owner = Arena(ctx, count, group_bytes, region.tensor[:count * region_bytes(group_bytes)])
             return region.owner
     raise TridentError("dist.new_group(backend='trident') needs heap slots for torch groups, and this "
