@@ -76,7 +76,7 @@ def init(heap_size: int = _context.DEFAULT_HEAP_SIZE, backend: str | None = None
     torch_ops.register()
     dist_backend.register()
     if isinstance(heap_size, int) and not isinstance(heap_size, bool):  # else the runtime says what is wrong
-        kept = dist_backend.init_bytes(-(-heap_size // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN, dist_groups)
+        kept = dist_backend.init_bytes(layout.align_up(heap_size), dist_groups)  # the heap init makes
         kwargs["reserve"] = {dist_backend.NAME: kept, **kwargs.get("reserve", {})}
     return _context.init(heap_size, backend, **kwargs)
 

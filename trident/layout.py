@@ -46,3 +46,8 @@ ERR_CAPACITY = 5  # a receive buffer (an MoE dispatch's capacity) too small: EXP
 ERR_UNREACHABLE = 6  # a peer in another node, whose heap is not mapped (heap_bases[peer] == 0)
 
 assert (BARRIER_SLOTS + MAX_WORLD) * 8 <= CONTROL_BYTES
+
+
+def align_up(nbytes: int) -> int:
+    """``nbytes`` rounded up to :data:`ALLOC_ALIGN` (heap sizes, regions, allocations)."""
+    return -(-int(nbytes) // ALLOC_ALIGN) * ALLOC_ALIGN

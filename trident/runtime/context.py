@@ -66,7 +66,7 @@ def init(heap_size: int = DEFAULT_HEAP_SIZE, backend: str | None = None, *, time
     if heap_size < minimum:
         raise ValueError(f"heap_size={heap_size} is too small: the heap needs at least {minimum} bytes "
                          f"({layout.CONTROL_BYTES} of them for trident's control block)")
-    heap_size = -(-heap_size // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN
+    heap_size = layout.align_up(heap_size)
     name = _platform.PROCESS_BACKEND if backend is None else str(backend).lower()
     if name not in config.BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {config.BACKENDS} or None")

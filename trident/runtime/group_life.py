@@ -30,9 +30,8 @@ import weakref
 
 import torch
 
-from .. import layout
 from ..errors import HeapExhaustedError, TopologyError
-from .groups import _BARRIER_BYTES, DEFAULT_WORKSPACE_BYTES, Group
+from .groups import DEFAULT_WORKSPACE_BYTES, Group, region_bytes
 
 #: Why a group whose heap_scope ended refuses work (its record was made inside the scope).
 SCOPE_ENDED = ("the ctx.heap_scope() it was made in has ended and freed its heap region (a group made inside "
@@ -125,7 +124,7 @@ def new_group(ctx, ranks, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> Gro
                             f"a trident group maps its members' heaps, so it lives in one node. Use the world "
                             f"(hierarchical across nodes) or a torch.distributed group (docs/multi-node.md)")
     _COUNTS[ctx] = count = _COUNTS.get(ctx, 0) + 1
-    nbytes = _BARRIER_BYTES + -(-workspace_bytes // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN
+    nbytes = region_bytes(workspace_bytes)
     try:
         region = ctx.zeros(nbytes, dtype=torch.uint8)
     except HeapExhaustedError:

@@ -55,7 +55,7 @@ DEFAULT_WORKSPACE_BYTES = 16 << 20
 #: The group's barrier words at the start of its region: an epoch, then one slot per member.
 _BARRIER_WORDS = 1 + layout.MAX_WORLD
 #: Bytes before the group's buffers (the barrier words, rounded up to the heap's alignment).
-_BARRIER_BYTES = -(-_BARRIER_WORDS * 8 // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN
+_BARRIER_BYTES = layout.align_up(_BARRIER_WORDS * 8)
 
 
 def register(obj, name: str) -> str:
@@ -270,7 +270,7 @@ def team(ctx: Team, group: Team | None) -> Team:
 
 def region_bytes(workspace_bytes: int) -> int:
     """Bytes of a group's heap region with ``workspace_bytes`` for its buffers (barrier words included)."""
-    return _BARRIER_BYTES + -(-int(workspace_bytes) // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN
+    return _BARRIER_BYTES + layout.align_up(workspace_bytes)
 
 
 class ReservedRegion:
@@ -303,7 +303,7 @@ def keep_reserved(resources, heap: torch.Tensor, heap_size: int, reserve: dict[s
     for name, nbytes in (reserve or {}).items():
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"reserve[{name!r}]={nbytes!r} must be an int number of bytes >= 0")
-        nbytes = -(-nbytes // layout.ALLOC_ALIGN) * layout.ALLOC_ALIGN
+        nbytes = layout.align_up(nbytes)
         top -= nbytes
         if top < layout.CONTROL_BYTES + layout.ALLOC_ALIGN:
             raise ValueError(f"reserve={reserve} leaves no room in a heap of {heap_size} bytes")
