@@ -4,7 +4,7 @@ Every rank holds A (M x K, the same on all ranks) and its column block B_r (K x 
 rank must end with the whole C (M x N, on the heap). Two ways:
 
 1. By hand, composing the library's device pieces: a persistent kernel walks the output tiles of
-   ``A @ B_r`` with ``trident.ops.tiles`` (``tile_coords``: which tile, ``tile_dot``: its fp32
+   ``A @ B_r`` with ``trident.ops.gemm.tiles`` (``tile_coords``: which tile, ``tile_dot``: its fp32
    accumulator, ``tile_offsets``: where it goes) and, as soon as a tile is in registers, stores it
    into every rank's C with ``trident.store``. No second kernel, no staging buffer: sending tile t
    overlaps computing the tiles after it. Host barriers around the launch keep the ranks in step.
@@ -26,7 +26,7 @@ import triton.language as tl
 
 import trident
 import trident.ops
-from trident.ops.tiles import tile_coords, tile_dot, tile_offsets
+from trident.ops.gemm.tiles import tile_coords, tile_dot, tile_offsets
 
 
 @triton.jit

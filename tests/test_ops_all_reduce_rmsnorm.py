@@ -12,7 +12,7 @@ from tests.conftest import get_pool
 from trident import ccl
 from trident.ccl.api import INPUT_STAGE
 from trident.ccl.workspace import workspace
-from trident.ops.all_reduce_rmsnorm import all_reduce_rmsnorm
+from trident.ops.rmsnorm.all_reduce_rmsnorm import all_reduce_rmsnorm
 from trident.testing import refusals
 
 FLOATS = [torch.bfloat16, torch.float16, torch.float32]
@@ -369,7 +369,7 @@ def test_bad_input_is_refused(pool2):
 COMPILE_CHILD = r'''
 import json
 from tests.sm90_harness import compile_ptx, with_ones
-from trident.ops.all_reduce_rmsnorm_kernels import all_reduce_rmsnorm_kernel as kernel
+from trident.ops.rmsnorm.kernels import all_reduce_rmsnorm_kernel as kernel
 
 COMMON = {"weight_ptr": "*bf16", "h_ptr": "*bf16", "scale_value": "fp32", "tokens": "i32", "hidden": "i32",
           "eps": "fp32", "sync_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64",

@@ -14,7 +14,7 @@ from tests.sm90_harness import compile_ptx
 from trident.ops import all_gather_gemm_kernels as AG
 from trident.ops import gemm_all_scatter_kernels as G
 from trident.ops import gemm_reduce_kernels as R
-from trident.ops.matmul import matmul_kernel
+from trident.ops.gemm.matmul import matmul_kernel
 
 BM, BN, BK = 128, 128, 64
 TILE = {"BLOCK_M": BM, "BLOCK_N": BN, "GROUP_M": 8}

@@ -34,7 +34,7 @@ def _err(got, want):
 
 
 def _gar_call(ctx, pattern, dtype, M, N, K, cfg, seed, symmetric):
-    from trident.ops.gemm_all_reduce import gemm_all_reduce
+    from trident.ops.tensor_parallel.gemm_all_reduce import gemm_all_reduce
 
     gen = torch.Generator().manual_seed(seed)
     w = ctx.world_size
@@ -107,7 +107,7 @@ def test_patterns_in_turn_and_with_gemm_reduce_scatter(pool2):
 
 
 def test_auto_runs_baseline_where_nccl_runs_else_the_shared_gpu_pattern():
-    from trident.ops.gemm_all_reduce import AUTO_TABLE, GEMM_ALL_REDUCE, PATTERNS
+    from trident.ops.tensor_parallel.gemm_all_reduce import AUTO_TABLE, GEMM_ALL_REDUCE, PATTERNS
     from trident.platform import Platform
 
     assert PATTERNS == ("bulk_synchronous", "fused_sequential", "workgroup_specialized", "baseline", "auto")
@@ -120,7 +120,7 @@ def test_auto_runs_baseline_where_nccl_runs_else_the_shared_gpu_pattern():
 
 
 def _bad_input_body(ctx):
-    from trident.ops.gemm_all_reduce import gemm_all_reduce as gar
+    from trident.ops.tensor_parallel.gemm_all_reduce import gemm_all_reduce as gar
 
     dev = ctx.device
     A, B = ctx.zeros(4, 8), ctx.zeros(8, 3)
@@ -151,7 +151,7 @@ def test_bad_input_is_refused_before_anything_runs(pool2):
 
 
 def _zero_body(ctx):
-    from trident.ops.gemm_all_reduce import gemm_all_reduce
+    from trident.ops.tensor_parallel.gemm_all_reduce import gemm_all_reduce
 
     out = {}
     for pattern in FUSED:
@@ -182,7 +182,7 @@ def test_many_tiles_per_program(pool4):
 
 def _trace_body(ctx, pattern):
     import trident.trace
-    from trident.ops.gemm_all_reduce import gemm_all_reduce
+    from trident.ops.tensor_parallel.gemm_all_reduce import gemm_all_reduce
 
     trace = trident.trace.Trace(ctx, capacity=512)
     M, N, K = 16, 32, 16

@@ -143,8 +143,8 @@ def test_bad_input_is_refused_before_anything_runs(pool2):
 
 
 def test_auto_takes_the_first_measured_rule_that_applies_else_baseline():
-    from trident.ops.fused_call import table_choice
-    from trident.ops.gemm_all_scatter import AUTO_TABLE
+    from trident.ops.fused.call import table_choice
+    from trident.ops.tensor_parallel.gemm_all_scatter import AUTO_TABLE
 
     table = {("H200", 8): [(1 << 40, "fused_sequential"), (1 << 30, "producer_consumer")],
              ("H100", 4): [(0, "workgroup_specialized")]}

@@ -37,7 +37,7 @@ def _rel_err(got, want):
 
 def _matmul_body(ctx):
     from trident.ops import matmul
-    from trident.ops.matmul import operands
+    from trident.ops.gemm.matmul import operands
 
     gen = torch.Generator().manual_seed(7)
     out = {}
@@ -111,7 +111,7 @@ def test_repeated_calls_launch_the_compiled_kernel_with_new_tensors(pool2):
 
 
 def test_cut_plan_fills_the_last_waves_with_parts():
-    from trident.ops.matmul import cut_plan
+    from trident.ops.gemm.matmul import cut_plan
 
     tail = MatmulConfig(split_tail=True)
     assert cut_plan(320, 132, tail, 576) == (264, 7)  # 2.43 waves of work (+ the cost) instead of 3

@@ -19,7 +19,7 @@ import torch
 from tests.conftest import get_pool
 from trident import ccl
 from trident.errors import CapacityError
-from trident.ops.moe import moe_combine, moe_dispatch
+from trident.ops.moe.dispatch_combine import moe_combine, moe_dispatch
 from trident.platform import SIMULATOR
 from trident.testing import refusals
 
@@ -327,7 +327,7 @@ def test_bad_input_is_refused():
 COMPILE_CHILD = r'''
 import json
 from tests.sm90_harness import compile_ptx, with_ones
-from trident.ops.moe_kernels import moe_combine_kernel, moe_dispatch_kernel
+from trident.ops.moe.dispatch_combine.kernels import moe_combine_kernel, moe_dispatch_kernel
 
 TEAM = {"sync_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64"}
 DISPATCH = {**TEAM, "x_ptr": "*i32", "topk_ptr": "*i64", "tokens": "i32", "recv_x_ptr": "*i32",

@@ -28,7 +28,7 @@ import triton.language as tl
 import trident.platform
 from trident.device.leaves import now_ns
 from trident.ops import OPS, MatmulConfig
-from trident.ops.fused_call import FusedCall, split_roles
+from trident.ops.fused.call import FusedCall, split_roles
 from trident.platform import SIM_COMM_PROGRAMS, SIM_SM_COUNT, Platform
 
 SMALL = MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)

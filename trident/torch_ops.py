@@ -313,7 +313,7 @@ def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, max_
     capacity). Returns ``(recv_x, recv_offsets, recv_counts, recv_src, recv_scales, handle)``, copies
     of the dispatch's buffers; ``recv_scales`` is ``[capacity, 0]`` without ``x_scales``; ``handle``
     is the routing ``moe_combine`` needs (int64), to pass on unchanged."""
-    from .ops import moe
+    from .ops.moe import dispatch_combine as moe
 
     ctx, g = resolve(group)
     d = moe.moe_dispatch(ctx, x.contiguous(), topk_idx.contiguous(), num_experts, max_tokens_per_rank,
@@ -326,9 +326,9 @@ def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, max_
 
 @_fake("moe_dispatch")
 def _(x, topk_idx, num_experts, max_tokens_per_rank, x_scales, group):
-    from .ops.moe import SCALE_BLOCK
-    from .ops.moe_kernels import STATUS_WORDS
-    from .ops.moe_sizing import default_capacity
+    from .ops.moe.dispatch_combine import SCALE_BLOCK
+    from .ops.moe.kernels import STATUS_WORDS
+    from .ops.moe.sizing import default_capacity
 
     world = _world(group)
     experts_local = num_experts // world
@@ -345,7 +345,7 @@ def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, topk_idx: 
     """The expert outputs back to their tokens' ranks, weighted and summed (``trident.ops.moe_combine``):
     ``[T, H]``. ``topk_idx``, ``recv_src`` and ``handle`` are the dispatch's (any later dispatch may
     have run in between: nothing here reads its receive buffers)."""
-    from .ops import moe
+    from .ops.moe import dispatch_combine as moe
 
     ctx, g = resolve(group)
     me = team(ctx, g)

@@ -16,7 +16,7 @@ ranks of their experts and ``moe_combine(ctx, expert_out, topk_weights, d)`` bri
 sum back, each one kernel with no host synchronisation; ``moe_heap_bytes(...)`` is the heap they
 need (call it before ``trident.init``).
 
-Each op is described by one :class:`~trident.ops.fused_call.OpSpec` in :data:`OPS` (its
+Each op is described by one :class:`~trident.ops.fused.call.OpSpec` in :data:`OPS` (its
 patterns, its measured ``auto`` table, its default communication programs), and
 :func:`choose_pattern` says what ``pattern="auto"`` runs for any of them.
 
@@ -26,15 +26,15 @@ Example::
     trident.ops.choose_pattern(ctx, "gemm_reduce_scatter", 8192, 8192, 3584)
 """
 
-from .all_gather_gemm import ALL_GATHER_GEMM, all_gather_gemm
-from .all_reduce_rmsnorm import all_reduce_rmsnorm
-from .fused_call import OpSpec
-from .gemm_all_reduce import GEMM_ALL_REDUCE, gemm_all_reduce
-from .gemm_all_scatter import AUTO_TABLE, GEMM_ALL_SCATTER, PATTERNS, gemm_all_scatter
-from .gemm_reduce_scatter import GEMM_REDUCE_SCATTER, gemm_reduce_scatter
-from .matmul import SIM_CONFIG, MatmulConfig, matmul, pick_config
-from .moe import MoEDispatch, moe_combine, moe_dispatch
-from .moe_sizing import default_capacity, moe_heap_bytes
+from .fused.call import OpSpec
+from .gemm.matmul import SIM_CONFIG, MatmulConfig, matmul, pick_config
+from .moe.dispatch_combine import MoEDispatch, moe_combine, moe_dispatch
+from .moe.sizing import default_capacity, moe_heap_bytes
+from .rmsnorm.all_reduce_rmsnorm import all_reduce_rmsnorm
+from .tensor_parallel.all_gather_gemm import ALL_GATHER_GEMM, all_gather_gemm
+from .tensor_parallel.gemm_all_reduce import GEMM_ALL_REDUCE, gemm_all_reduce
+from .tensor_parallel.gemm_all_scatter import AUTO_TABLE, GEMM_ALL_SCATTER, PATTERNS, gemm_all_scatter
+from .tensor_parallel.gemm_reduce_scatter import GEMM_REDUCE_SCATTER, gemm_reduce_scatter
 
 #: The fused ops by name.
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (GEMM_ALL_SCATTER, ALL_GATHER_GEMM, GEMM_REDUCE_SCATTER,

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import torch
 
-from ..calls import Op, run_call
-from ..ccl import reduce_scatter
-from ..runtime.groups import team
-from . import multinode
-from .fused_call import FusedCall, OpSpec, comm_span, fused_op
+from ...calls import Op, run_call
+from ...ccl import reduce_scatter
+from ...runtime.groups import team
+from ..fused import multinode
+from ..fused.baselines import reduce_scatter_into
+from ..fused.call import FusedCall, OpSpec, comm_span, fused_op
+from ..gemm.matmul import MatmulConfig
 from .gemm_reduce import GPU_COMM_PROGRAMS, check_partial_product_args, partial_product, push_and_sum, push_then_sum
-from .matmul import MatmulConfig
-from .torch_baselines import reduce_scatter_into
 
 #: ``auto``'s measured choices, as :data:`trident.ops.AUTO_TABLE` (docs/tensor-parallel-ops.md).
 #: Empty until several-GPU runs are recorded: ``auto`` runs ``baseline``.

@@ -2,7 +2,7 @@
 
 Rank r holds ``A_local`` (m x K, symmetric: peers read it) and B (K x N). ``C`` (W*m x N) is
 cut into W row shards of m rows, one per source rank, each tiled on its own
-(:func:`~trident.ops.tiles.shard_tile`): a tile's rows of A all come from one rank. Every
+(:func:`~trident.ops.gemm.tiles.shard_tile`): a tile's rows of A all come from one rank. Every
 rank walks the shards starting with its own, whose rows need no communication.
 
 * :func:`pull_kernel` (``fused_sequential``): each tile reads its rows of A straight from the
@@ -14,7 +14,7 @@ rank walks the shards starting with its own, whose rows need no communication.
   block's flag before its first tile. A GEMM program thus waits only on gather programs that
   started before it, however few programs of the launch are resident at a time.
 
-Both use the call handshake of :mod:`trident.ops.call_sync` (one sync block, ``sync_ptr``):
+Both use the call handshake of :mod:`trident.ops.fused.sync` (one sync block, ``sync_ptr``):
 peers' ``A_local`` is read only after they entered the call, and the kernel ends only after every
 peer is done reading ours. A ``trace_ptr`` of None turns tracing off.
 """
@@ -24,10 +24,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import trace
-from ..device import signal, translate, wait
-from .call_sync import enter_call, finish_call, flag_words, wait_peers_ready
-from .tiles import shard_tile, tile_dot, tile_offsets
+from ... import trace
+from ...device import signal, translate, wait
+from ..fused.sync import enter_call, finish_call, flag_words, wait_peers_ready
+from ..gemm.tiles import shard_tile, tile_dot, tile_offsets
 
 
 @triton.jit

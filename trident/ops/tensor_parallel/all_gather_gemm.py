@@ -19,15 +19,15 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..calls import Op, run_call
-from ..ccl import all_gather
-from ..ccl.api import input_stage
-from ..runtime.groups import team
+from ...calls import Op, run_call
+from ...ccl import all_gather
+from ...ccl.api import input_stage
+from ...runtime.groups import team
+from ..fused import multinode
+from ..fused.baselines import gather_into
+from ..fused.call import FusedCall, OpSpec, check_fused_operands, check_pattern, comm_span, fused_op, split_roles
+from ..gemm.matmul import MatmulConfig, launch_matmul, num_programs
 from . import all_gather_gemm_kernels as kernels
-from . import multinode
-from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, comm_span, fused_op, split_roles
-from .matmul import MatmulConfig, launch_matmul, num_programs
-from .torch_baselines import gather_into
 
 #: ``auto``'s measured choices, as :data:`trident.ops.AUTO_TABLE` (docs/tensor-parallel-ops.md).
 #: Empty until several-GPU runs are recorded: ``auto`` runs ``baseline``.
@@ -174,7 +174,7 @@ def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor
     Returns:
         ``C``, ordered on the current stream. No host synchronization inside (the fused ops' sync
         block is made, or grown, collectively with device barriers:
-        :func:`~trident.ops.call_sync.sync_block`).
+        :func:`~trident.ops.fused.sync.sync_block`).
 
     Example::
 

@@ -1,6 +1,6 @@
 """The kernels of ``trident.ops.moe_dispatch`` and ``trident.ops.moe_combine`` (docs/moe.md).
 
-Both are one launch each, built on the fused ops' call protocol (:mod:`trident.ops.call_sync`):
+Both are one launch each, built on the fused ops' call protocol (:mod:`trident.ops.fused.sync`):
 ``enter_call`` gives the call's epoch and each program's arrival ticket, ``wait_peers_ready``
 comes before a program's first store into a peer, ``finish_call`` ends the call (when a kernel
 ends, every peer's stores into this rank have landed). Flags are the sync block's tile flags,
@@ -33,10 +33,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import layout
-from ..device import signal, store, wait
-from ..device.memory import control_block, record_fault
-from .call_sync import enter_call, finish_call, flag_words, wait_peers_ready
+from ... import layout
+from ...device import signal, store, wait
+from ...device.memory import control_block, record_fault
+from ..fused.sync import enter_call, finish_call, flag_words, wait_peers_ready
 
 #: Status words (int64, local) a dispatch writes: the rows this rank receives (before clamping to
 #: the capacity), the most rows any rank receives, and that rank.

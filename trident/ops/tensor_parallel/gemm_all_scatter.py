@@ -23,13 +23,13 @@ import contextlib
 import torch
 import triton
 
-from ..calls import run_call
-from ..runtime.groups import team
+from ...calls import run_call
+from ...runtime.groups import team
+from ..fused import multinode
+from ..fused.baselines import gather_into
+from ..fused.call import FusedCall, OpSpec, check_fused_operands, check_pattern, fused_op, split_roles
+from ..gemm.matmul import MatmulConfig, launch_matmul, num_programs, operands
 from . import gemm_all_scatter_kernels as kernels
-from . import multinode
-from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, fused_op, split_roles
-from .matmul import MatmulConfig, launch_matmul, num_programs, operands
-from .torch_baselines import gather_into
 
 #: ``auto``'s measured choices: (GPU name, world size) -> [(minimum M*N*K, pattern), ...], largest
 #: first. Only figures measured on that many GPUs of that kind belong here (docs/gemm-all-scatter.md);
@@ -208,7 +208,7 @@ def gemm_all_scatter(ctx, A: torch.Tensor, B_local: torch.Tensor, C: torch.Tenso
     Returns:
         ``C``. Ordered on the current stream: work queued after the call sees the complete ``C``.
         No host synchronization inside (except when the fused ops' sync block is made or grows,
-        collectively, with device barriers: :func:`~trident.ops.call_sync.sync_block`); per-call
+        collectively, with device barriers: :func:`~trident.ops.fused.sync.sync_block`); per-call
         epochs on the device keep repeated calls correct.
 
     Example::

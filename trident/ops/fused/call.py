@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from ..calls import Op, Recording
-from ..errors import NotSymmetricError
-from ..runtime.team import Team
-from .call_sync import sync_block
-from .matmul import MatmulConfig, check_matrices, pick_config
+from ...calls import Op, Recording
+from ...errors import NotSymmetricError
+from ...runtime.team import Team
+from ..gemm.matmul import MatmulConfig, check_matrices, pick_config
+from .sync import sync_block
 
 if TYPE_CHECKING:
-    from ..trace import Trace
+    from ...trace import Trace
 
 #: ``auto``'s table: (GPU name part, world size) -> [(minimum M*N*K, pattern), ...], largest first.
 AutoTable = dict[tuple[str, int], list[tuple[int, str]]]
@@ -133,7 +133,7 @@ class FusedCall:
 
     def sync(self, flags: int = 0) -> torch.Tensor:
         """The context's sync block with room for ``flags`` tile flags (collective, see
-        :func:`~trident.ops.call_sync.sync_block`)."""
+        :func:`~trident.ops.fused.sync.sync_block`)."""
         return sync_block(self.ctx, flags)
 
     def run(self) -> None:
@@ -236,7 +236,7 @@ def split_roles(call: FusedCall, comm_work: int, other_work: int) -> tuple[int, 
     the GEMM keeps at least one. The whole grid is one program per SM this process may use
     (``program_limit``) on a GPU, or ``call.cfg.programs`` when smaller: a persistent kernel
     gains nothing from more. Correctness does not depend on that cap: the kernels take roles from
-    arrival tickets (:func:`~trident.ops.call_sync.enter_call`), so a launch finishes however few
+    arrival tickets (:func:`~trident.ops.fused.sync.enter_call`), so a launch finishes however few
     of its programs are resident; and ``producer_consumer``'s scatter grid, fewer programs than
     the SMs, always leaves its GEMM kernel room. The simulator runs programs one at a time and
     takes ``call.cfg.programs`` as given.

@@ -33,14 +33,14 @@ import numbers
 import torch
 import triton
 
-from ..calls import Op, run_call
-from ..ccl.collectives import on_heap
-from ..ccl.kernels import MAX_PROGRAMS
-from ..ccl.workspace import workspace
-from ..runtime.groups import team
-from . import multinode
-from .all_reduce_rmsnorm_kernels import all_reduce_rmsnorm_kernel, num_warps
-from .fused_call import check_tensor
+from ...calls import Op, run_call
+from ...ccl.collectives import on_heap
+from ...ccl.kernels import MAX_PROGRAMS
+from ...ccl.workspace import workspace
+from ...runtime.groups import team
+from ..fused import multinode
+from ..fused.call import check_tensor
+from .kernels import all_reduce_rmsnorm_kernel, num_warps
 
 #: Input dtypes (x, residual, weight); accumulation is fp32 for all.
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)

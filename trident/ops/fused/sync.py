@@ -57,9 +57,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..device import arrival_ticket, signal, wait
-from ..runtime.resources import GrowingBuffer
-from ..runtime.team import Team
+from ...device import arrival_ticket, signal, wait
+from ...runtime.resources import GrowingBuffer
+from ...runtime.team import Team
 
 # Word indices (int64) inside the sync block; the READY, ARRIVED and FLAGS regions follow READY_WORD.
 EPOCH_WORD = 0

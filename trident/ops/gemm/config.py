@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from .. import platform as _platform
+from ... import platform as _platform
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,13 +31,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..calls import Op, run_call
-from ..ccl import all_reduce
-from ..runtime.groups import team
-from . import multinode
-from .fused_call import FusedCall, OpSpec, comm_span, fused_op
+from ...calls import Op, run_call
+from ...ccl import all_reduce
+from ...runtime.groups import team
+from ..fused import multinode
+from ..fused.call import FusedCall, OpSpec, comm_span, fused_op
+from ..gemm.matmul import MatmulConfig
 from .gemm_reduce import GPU_COMM_PROGRAMS, check_partial_product_args, partial_product, push_and_sum, push_then_sum
-from .matmul import MatmulConfig
 
 #: ``auto``'s measured choices (docs/tensor-parallel-ops.md). Empty until several-GPU runs are
 #: recorded: ``auto`` runs ``baseline`` (``fused_sequential`` where ranks share a GPU).

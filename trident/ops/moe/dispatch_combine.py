@@ -8,7 +8,7 @@ every expert output row back to its token's rank and sums them there, weighted, 
 Each call is one kernel with no host synchronisation when ``max_tokens_per_rank`` is given: the
 ranks exchange their counts on the device, each sender computes where its rows go from every
 rank's counts, and stores them straight into the receiver's buffer on the symmetric heap
-(:mod:`trident.ops.moe_kernels`; docs/moe.md has the layout and the protocol). Counts, offsets and
+(:mod:`trident.ops.moe.dispatch_combine.kernels`; docs/moe.md has the layout and the protocol). Counts, offsets and
 the overflow check stay on the device, so the calls can be captured in a CUDA graph.
 
 The receive buffers belong to the context (its ops workspace, on the heap): a dispatch result is
@@ -30,17 +30,17 @@ import numbers
 import torch
 import triton
 
-from ..calls import Op, run_call
-from ..ccl.api import all_reduce
-from ..ccl.workspace import workspace
-from ..errors import CapacityError, DivergenceError, TridentError
-from ..faults import describe_capacity_fault
-from ..runtime.groups import Group, team
-from . import multinode
-from .call_sync import sync_block
-from .fused_call import check_tensor
-from .moe_kernels import STATUS_NEEDED, STATUS_WORDS, STATUS_WORST, moe_combine_kernel, moe_dispatch_kernel
-from .moe_sizing import SCALE_BLOCK, default_capacity
+from ...calls import Op, run_call
+from ...ccl.api import all_reduce
+from ...ccl.workspace import workspace
+from ...errors import CapacityError, DivergenceError, TridentError
+from ...faults import describe_capacity_fault
+from ...runtime.groups import Group, team
+from ..fused import multinode
+from ..fused.call import check_tensor
+from ..fused.sync import sync_block
+from .kernels import STATUS_NEEDED, STATUS_WORDS, STATUS_WORST, moe_combine_kernel, moe_dispatch_kernel
+from .sizing import SCALE_BLOCK, default_capacity
 
 #: Token dtypes ``moe_dispatch`` moves (bits, unchanged: fp8 is passed through, not requantised).
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
@@ -323,7 +323,7 @@ def moe_combine(ctx, expert_out: torch.Tensor, topk_weights: torch.Tensor, d: Mo
         out = trident.ops.moe_combine(ctx, expert_out, topk_weights, d)
     """
     ctx = team(ctx, group)
-    if ctx.spans_nodes:  # several nodes: see trident.ops.multinode
+    if ctx.spans_nodes:  # several nodes: see trident.ops.fused.multinode
         raise multinode.refuse(ctx, "moe_combine")
     where = f"{ctx.who()}: moe_combine"
     if not isinstance(d, MoEDispatch):

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import layout
-from ..ccl.kernels import sync_words as ccl_sync_words
-from .call_sync import sync_words
-from .moe_kernels import STATUS_WORDS
+from ... import layout
+from ...ccl.kernels import sync_words as ccl_sync_words
+from ..fused.sync import sync_words
+from .kernels import STATUS_WORDS
 
 #: Columns per fp8 scale (``x_scales`` is ``[T, H / SCALE_BLOCK]``).
 SCALE_BLOCK = 128

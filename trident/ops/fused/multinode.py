@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from ..calls import run_call
-from ..ccl import all_gather
-from ..errors import TopologyError
+from ...calls import run_call
+from ...ccl import all_gather
+from ...errors import TopologyError
 
 #: What runs when the world spans nodes (the rest of trident.ops refuses, naming these).
 ACROSS_NODES = ("gemm_reduce_scatter", "all_gather_gemm", "gemm_all_reduce")

@@ -17,9 +17,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..ccl.device import reduce_tile
-from ..ccl.kernels import _ARRIVAL, _enter, _exit
-from ..device import arrival_ticket
+from ...ccl.device import reduce_tile
+from ...ccl.kernels import _ARRIVAL, _enter, _exit
+from ...device import arrival_ticket
 
 #: Largest magnitude of float8_e4m3fn.
 FP8_E4M3_MAX = 448.0

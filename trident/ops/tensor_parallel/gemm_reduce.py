@@ -8,7 +8,7 @@ one set of functions here, told which by ``to_every_rank``:
 * :func:`partial_product`: ``bulk_synchronous``'s matmul into the collectives' input buffer
   (the op then runs its library collective on it);
 * :func:`push_then_sum` (``fused_sequential``) and :func:`push_and_sum`
-  (``workgroup_specialized``): the kernels of :mod:`trident.ops.gemm_reduce_kernels`, which
+  (``workgroup_specialized``): the kernels of :mod:`trident.ops.tensor_parallel.gemm_reduce_kernels`, which
   store each partial tile into a slot of the rank that keeps its rows and sum the W slots there.
 
 Example::
@@ -22,15 +22,15 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..ccl.api import input_stage
-from ..runtime.resources import GrowingBuffer
+from ...ccl.api import input_stage
+from ...runtime.resources import GrowingBuffer
+from ..fused.call import FusedCall, OpSpec, check_fused_operands, check_pattern, split_roles
+from ..gemm.matmul import launch_matmul, num_programs, operands
 from . import gemm_reduce_kernels as kernels
-from .fused_call import FusedCall, OpSpec, check_fused_operands, check_pattern, split_roles
-from .matmul import launch_matmul, num_programs, operands
 
 #: Reducer programs of ``workgroup_specialized`` on a GPU, when not given.
 GPU_COMM_PROGRAMS = 16
-#: Elements one program of :func:`~trident.ops.gemm_reduce_kernels.reduce_slots_kernel` sums at a time.
+#: Elements one program of :func:`~trident.ops.tensor_parallel.gemm_reduce_kernels.reduce_slots_kernel` sums at a time.
 REDUCE_BLOCK = 1024
 
 

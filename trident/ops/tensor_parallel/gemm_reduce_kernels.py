@@ -6,11 +6,11 @@ is a partial sum of the whole M x N result. Two ways to sum it, chosen by the co
 
 * reduce-scatter (gemm_reduce_scatter, ``TO_EVERY_RANK`` off): rank r keeps rows
   ``r*m .. r*m + m - 1`` (M = W*m) of the sum. The product is cut into W row shards of m rows,
-  each tiled on its own (:func:`~trident.ops.tiles.shard_tile`), so a tile's rows all belong to
+  each tiled on its own (:func:`~trident.ops.gemm.tiles.shard_tile`), so a tile's rows all belong to
   one owner, and rank s stores its partial of rank r's rows into rank r's ``slots[s]``
   (:func:`push_tiles`).
 * all-reduce (gemm_all_reduce, ``TO_EVERY_RANK`` on): every rank keeps the whole sum. The product
-  is tiled once (:func:`~trident.ops.tiles.tile_coords`) and rank s stores each tile into
+  is tiled once (:func:`~trident.ops.gemm.tiles.tile_coords`) and rank s stores each tile into
   ``slots[s]`` of *every* rank (one-shot: each tile is computed once and pushed W times;
   :func:`push_all_tiles`).
 
@@ -19,7 +19,7 @@ sums its W slots in fp32:
 
 * :func:`push_kernel` (``fused_sequential``): one persistent kernel computes every tile and
   pushes it; :func:`reduce_slots_kernel` then sums the slots (after the handshake of
-  :func:`~trident.ops.call_sync.finish_call`, every peer's partials have landed when the first
+  :func:`~trident.ops.fused.sync.finish_call`, every peer's partials have landed when the first
   kernel ends).
 * :func:`push_reduce_kernel` (``workgroup_specialized``): GEMM programs push tiles as in
   ``push_kernel`` and release a flag per tile where they stored it (``FLAGS[s * T + tile] =
@@ -38,10 +38,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import trace
-from ..device import signal, store, wait
-from .call_sync import enter_call, finish_call, flag_words, wait_peers_ready
-from .tiles import shard_tile, tile_coords, tile_dot, tile_dot_range, tile_offsets
+from ... import trace
+from ...device import signal, store, wait
+from ..fused.sync import enter_call, finish_call, flag_words, wait_peers_ready
+from ..gemm.tiles import shard_tile, tile_coords, tile_dot, tile_dot_range, tile_offsets
 
 
 @triton.jit

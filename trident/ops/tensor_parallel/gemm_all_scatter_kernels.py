@@ -5,7 +5,7 @@ same place of every rank's ``C``. ``c`` below always points at the first element
 rank's* column block of ``C`` (``C[:, rank * N_local]``), so a tile's offsets are the same in
 every rank's heap and ``trident.store(c + offs, tile, rank, peer, heap_bases)`` puts it there.
 
-Synchronization: the call-level handshake of :mod:`trident.ops.call_sync` (``enter_call``,
+Synchronization: the call-level handshake of :mod:`trident.ops.fused.sync` (``enter_call``,
 ``wait_peers_ready`` before the first store into a peer, ``finish_call``), all in the one sync
 block ``sync_ptr``, plus its tile flags in ``producer_consumer`` and ``workgroup_specialized``:
 the GEMM releases ``FLAGS[tile] = epoch`` after writing a tile into the local ``C``; the
@@ -25,10 +25,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import trace
-from ..device import signal, store, wait
-from .call_sync import call_epoch, enter_call, finish_call, flag_words, wait_peers_ready
-from .tiles import tile_coords, tile_dot, tile_offsets
+from ... import trace
+from ...device import signal, store, wait
+from ..fused.sync import call_epoch, enter_call, finish_call, flag_words, wait_peers_ready
+from ..gemm.tiles import tile_coords, tile_dot, tile_offsets
 
 
 @triton.jit

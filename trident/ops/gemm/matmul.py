@@ -1,6 +1,6 @@
 """A persistent Triton matmul for Hopper: ``trident.ops.matmul(A, B)``.
 
-One program per SM walks the output tiles in grouped order (:func:`~trident.ops.tiles.tile_coords`),
+One program per SM walks the output tiles in grouped order (:func:`~trident.ops.gemm.tiles.tile_coords`),
 reads A and B through tensor descriptors (TMA) when their layout allows and through pointers
 otherwise, accumulates in fp32 and stores the tile in C's dtype. The block sizes come from a
 small table keyed by the shape (:func:`pick_config`), measured on an H200
@@ -21,11 +21,11 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .. import platform as _platform
-from .. import trace
-from ..calls import CallCache, Recording, layout_key
-from ..kernels.prepared import by_address, prepare, rebased
-from .matmul_config import SIM_CONFIG, MatmulConfig, cut_plan, pick_config
+from ... import platform as _platform
+from ... import trace
+from ...calls import CallCache, Recording, layout_key
+from ...kernels.prepared import by_address, prepare, rebased
+from .config import SIM_CONFIG, MatmulConfig, cut_plan, pick_config
 from .tiles import tile_coords, tile_dot, tile_dot_range, tile_offsets
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

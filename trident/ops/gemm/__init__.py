@@ -1,0 +1,2 @@
+"""The GEMM alone: a Hopper-tuned persistent matmul (:mod:`.matmul`), its configurations
+(:mod:`.config`) and the tile helpers every fused op's kernels build on (:mod:`.tiles`, public)."""
