@@ -425,3 +425,49 @@ def test_a_launch_hook_is_seen_only_when_one_is_set():
 
     assert not _hooked(None) and not _hooked(Chain([]))
     assert _hooked(Chain([print])) and _hooked(print)
+
+
+def _fake_cuda_launcher(**sizes):
+    """Triton's own CUDA launcher class, made without compiling anything, its C entry recording calls."""
+    driver = pytest.importorskip("triton.backends.nvidia.driver")
+    launcher = object.__new__(driver.CudaLauncher)
+    calls: list = []
+    launcher.__dict__.update(num_ctas=1, global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
+                             profile_scratch_align=1, launch_cooperative_grid=False, launch_pdl=True,
+                             launch=lambda *args: calls.append(args))
+    launcher.__dict__.update(sizes)
+    return launcher, calls
+
+
+def test_the_bare_launch_passes_what_tritons_launcher_passes():
+    """The recorded launch calls the launcher's C entry directly only when that is exactly what Triton's
+    Python launcher would do: probed against the installed Triton's real ``__call__``."""
+    from trident.kernels.prepared import _bare_launch
+
+    launcher, calls = _fake_cuda_launcher()
+    bare = _bare_launch(launcher)
+    assert bare is not None
+    rest = ("packed", None, None, None, 1234, 7)
+    launcher(1, 2, 3, 99, 42, *rest)            # Triton's own path
+    c_launch, flags = bare
+    c_launch(1, 2, 3, 99, 42, *flags, *rest)    # the recording's path
+    assert len(calls) == 2 and calls[0] == calls[1]
+    # A kernel that needs scratch memory keeps Triton's path (the launcher allocates it per launch).
+    assert _bare_launch(_fake_cuda_launcher(global_scratch_size=128)[0]) is None
+    assert _bare_launch(_fake_cuda_launcher(profile_scratch_size=64)[0]) is None
+
+
+def test_a_launcher_that_does_more_than_pass_through_keeps_its_own_path():
+    from trident.kernels.prepared import _bare_launch
+
+    class Launcher:
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid = launch_pdl = False
+
+        def launch(self, *args):
+            pass
+
+        def __call__(self, gx, gy, gz, stream, function, *args):
+            self.launch(gx, gy, gz, stream, function, False, False, None, None, *args[::-1])  # reorders
+
+    assert _bare_launch(Launcher()) is None

@@ -89,9 +89,10 @@ def direct_launcher(compiled, grid: tuple[int, ...]):
     """``compiled[grid]``'s launch without its per-call Python: the compiled kernel's launcher called
     straight with the function handle, the packed metadata and the current stream of the device the
     kernel was compiled on (about 5 us less per launch on the H200 host than Triton's runner, which
-    also asks for the current device and builds launch metadata every call). While a Triton launch
-    hook is set (a profiler such as proton) every launch goes through Triton's own runner, so the
-    hooks see it.
+    also asks for the current device and builds launch metadata every call). Where the launcher's
+    own Python step only passes its arguments on (:func:`_bare_launch`), its C entry is called
+    directly. While a Triton launch hook is set (a profiler such as proton) every launch goes
+    through Triton's own runner, so the hooks see it.
 
     Example::
 
@@ -106,14 +107,67 @@ def direct_launcher(compiled, grid: tuple[int, ...]):
     device = torch.cuda.current_device()
     hooks = knobs.runtime
     g0, g1, g2 = grid
+    bare = _bare_launch(run)
 
-    def launch(*args) -> None:
+    if bare is not None:
+        c_launch, flags = bare
+
+        def launch(*args) -> None:
+            if _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
+                runner(*args)
+                return
+            c_launch(g0, g1, g2, raw_stream(device), function, *flags, packed, None, None, None, *args)
+
+        return launch
+
+    def launch_through_launcher(*args) -> None:
         if _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
             runner(*args)
             return
         run(g0, g1, g2, raw_stream(device), function, packed, None, None, None, *args)
 
-    return launch
+    return launch_through_launcher
+
+
+#: A launcher class -> whether its ``__call__`` only passes its arguments on (probed once per class).
+_BARE_CLASSES: dict[type, bool] = {}
+
+
+def _bare_launch(launcher):
+    """``(c_launch, flags)`` when ``launcher(gx, gy, gz, stream, function, *rest)`` (Triton's Python
+    launcher of one compiled kernel) does nothing but call ``launcher.launch(gx, gy, gz, stream,
+    function, *flags, *rest)`` (no scratch memory to allocate), else None.
+
+    Triton 3.6's ``CudaLauncher.__call__`` allocates global and profile scratch when the kernel
+    needs them and passes the cooperative-grid and PDL flags; a kernel that needs neither makes
+    that a pure pass-through, about a microsecond of Python per launch. Rather than trust a
+    version number, the launcher's class is probed once: its real ``__call__`` is run on a copy
+    whose C entry records what it receives, and the shortcut is taken only if that is exactly
+    ``(grid, stream, function, *flags, *rest)`` with ``flags = (cooperative, pdl, None, None)``.
+    """
+    c_launch = getattr(launcher, "launch", None)
+    flags = (getattr(launcher, "launch_cooperative_grid", None), getattr(launcher, "launch_pdl", None), None, None)
+    if c_launch is None or flags[0] is None or flags[1] is None:
+        return None
+    if getattr(launcher, "global_scratch_size", 1) or getattr(launcher, "profile_scratch_size", 1):
+        return None  # the launcher allocates scratch per launch: its own path
+    cls = type(launcher)
+    if cls not in _BARE_CLASSES:
+        _BARE_CLASSES[cls] = _passes_through(launcher, flags)
+    return (c_launch, flags) if _BARE_CLASSES[cls] else None
+
+
+def _passes_through(launcher, flags: tuple) -> bool:
+    """Whether ``launcher``'s ``__call__`` hands ``launch`` exactly its arguments plus ``flags``."""
+    seen: list = []
+    probe = shallow_copy(launcher)
+    probe.launch = lambda *args: seen.append(args)
+    rest = ("packed", "meta", "enter", "exit", 11, 22)
+    try:
+        type(launcher).__call__(probe, 1, 2, 3, 4, 5, *rest)
+    except Exception:  # noqa: BLE001 (any surprise: keep Triton's own path)
+        return False
+    return seen == [(1, 2, 3, 4, 5, *flags, *rest)]
 
 
 def prepare(kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, **options) -> PreparedLaunch:
