@@ -116,6 +116,61 @@ def test_what_trident_does_not_run_falls_back_and_is_right():
     assert results[0] == results[1] == {"trident": 0, "fallback": 4}
 
 
+def _host_staged_body(ctx):
+    """What gloo cannot do on CUDA tensors (ranks sharing a GPU) goes through host copies. On a GPU
+    without NCCL the group stages CUDA tensors by itself; the simulator's tensors live on the host,
+    so there every tensor is staged, to run the same path."""
+    from trident.runtime.host_staging import HostStaged, StagedWork
+
+    with _world_group(ctx) as g:
+        w, r, dev = ctx.world_size, ctx.rank, ctx.device
+        if ctx.platform.simulator:
+            g.fallback = HostStaged(g.fallback, stage=lambda t: True)
+        elif not ctx.platform.nccl_usable:
+            assert isinstance(g.fallback, HostStaged)
+        staged = isinstance(g.fallback, HostStaged)
+        # Point to point: a ring.
+        got = torch.empty(5, device=dev)
+        if r % 2 == 0:
+            dist.send(_value(r, 5, torch.float32).to(dev), (r + 1) % w, group=g)
+            dist.recv(got, (r - 1) % w, group=g)
+        else:
+            dist.recv(got, (r - 1) % w, group=g)
+            dist.send(_value(r, 5, torch.float32).to(dev), (r + 1) % w, group=g)
+        assert torch.equal(got.cpu(), _value((r - 1) % w, 5, torch.float32))
+        # gather / scatter to and from rank 0.
+        parts = [torch.empty(4, device=dev) for _ in range(w)] if r == 0 else None
+        dist.gather(_value(r, 4, torch.float32).to(dev), parts, dst=0, group=g)
+        if r == 0:
+            assert all(torch.equal(p.cpu(), _value(q, 4, torch.float32)) for q, p in enumerate(parts))
+        mine = torch.empty(3, device=dev)
+        dist.scatter(mine, [_value(q, 3, torch.float32, salt=7).to(dev) for q in range(w)] if r == 0 else None,
+                     src=0, group=g)
+        assert torch.equal(mine.cpu(), _value(r, 3, torch.float32, salt=7))
+        # An async call's Work is already done.
+        work = dist.all_reduce(torch.full((2,), 2.0, device=dev), op=dist.ReduceOp.PRODUCT, group=g, async_op=True)
+        assert work.wait() and (not staged or isinstance(work, StagedWork) or work.is_completed())
+        # DistributedDataParallel on the group: parameters broadcast from rank 0, gradients averaged.
+        torch.manual_seed(1 + r)  # different initial weights: DDP must make them equal
+        model = torch.nn.Linear(4, 2).to(dev)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=g)
+        ddp(torch.randn(3, 4, device=dev)).sum().backward()
+        weights = [torch.empty_like(model.weight) for _ in range(w)]
+        dist.all_gather(weights, model.weight.detach(), group=g)
+        grads = [torch.empty_like(model.weight) for _ in range(w)]
+        dist.all_gather(grads, model.weight.grad, group=g)
+        assert all(torch.equal(x, weights[0]) for x in weights) and all(torch.equal(x, grads[0]) for x in grads)
+        return staged, dict(g.counts)
+
+
+def test_what_gloo_cannot_run_on_gpu_tensors_goes_through_the_host():
+    """send/recv, gather, scatter and DistributedDataParallel on a trident torch group whose fallback is
+    gloo (ranks sharing a GPU: issue 34, where gloo failed with "writev ... Bad address")."""
+    for staged, counts in get_pool(2).run(_host_staged_body):
+        assert counts["fallback"] >= 6, counts
+        assert staged or torch.cuda.is_available()
+
+
 def _ddp_body(ctx):
 
     with _world_group(ctx) as g:

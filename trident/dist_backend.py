@@ -6,7 +6,8 @@
 on :mod:`trident.ccl`, over a trident group of the same ranks. Everything else (other ops,
 unequal splits, ``ReduceOp.AVG``, tensors on another device or larger than a quarter of the
 group's workspace) goes to an inner fallback group made from the same store: NCCL when every
-rank has a GPU of its own, gloo otherwise (the simulator). So existing code switches a group
+rank has a GPU of its own, gloo otherwise (the simulator; ranks sharing a GPU, where every fallback
+call runs on host copies of its CUDA tensors, :mod:`trident.runtime.host_staging`). So existing code switches a group
 to trident with one line.
 
 A trident group needs a heap region at the same offset on every member, and torch calls a
@@ -50,6 +51,7 @@ from .dist_slots import (  # the public ones are this module's too: trident.dist
 )
 from .errors import ContextClosedError, TridentError
 from .runtime.groups import clear_region, group_in_region
+from .runtime.host_staging import HostStaged
 
 #: Every trident collective (``trident.ccl.OPS``) and the ProcessGroup method that runs it on trident,
 #: or None with why torch.distributed's call cannot reach it (tests/test_registry.py holds every
@@ -130,6 +132,10 @@ class TridentProcessGroup(dist.ProcessGroup):
         self._set_default_backend(kind)
         for device in ("cpu", "cuda"):
             self._register_backend(torch.device(device), kind, fallback)
+        if not arena.ctx.platform.nccl_usable and not arena.ctx.platform.simulator:
+            # Ranks share a GPU: gloo falls back, and fails on most calls on CUDA tensors (send, recv, gather...).
+            gpu = self._device
+            self.fallback = HostStaged(fallback, stage=lambda t: t.device == gpu)
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         """The backend's name, as torch asks it."""
