@@ -34,6 +34,12 @@ class RankTimeoutError(TridentError, TimeoutError):
     device wait alike); the message names the ranks that never arrived and why."""
 
 
+class LostGpuContextError(TridentError):
+    """This rank's CUDA context failed (an illegal access, a launch failure) because a peer died while
+    its kernel ran on the same GPU under MPS: MPS ends every client's GPU work then. The message names
+    the lost ranks; nothing on that GPU can be used again, so the rank must exit."""
+
+
 class DeviceError(TridentError):
     """A kernel reported a fault through the heap's control block (an out-of-heap access, a bad peer)."""
 

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from ..errors import TopologyError
+from ..runtime.device_loss import explain_lost_context
 from ..runtime.resources import note_call
 from .cache import layout_key
 from .recording import Recording
@@ -98,17 +99,31 @@ def run_call(team: Team, op: Op, tensors: tuple, options: tuple = ()):
         if key is not None:
             entry = cache.get(key)
             if entry is not None:
-                entry.replay(tensors)
+                try:
+                    entry.replay(tensors)
+                except RuntimeError as error:
+                    _raise_explained(team, error)
                 return entry
     _check(team, op, tensors, options)
     rec = Recording(tensors, team.heap_range, on_gpu=not team.platform.simulator,
                     generation=lambda: cache.generation)
     rec.own(team.heap_bases)  # the team's, alive as long as it is
-    op.run(team, rec, tensors, options)
+    try:
+        op.run(team, rec, tensors, options)
+    except RuntimeError as error:
+        _raise_explained(team, error)
     # Kept only if every step launched on the buffers as they are now (none moved after a step).
     if key is not None and rec.kept and rec.generations <= {cache.generation}:
         cache.put(key, rec)
     return rec
+
+
+def _raise_explained(team: Team, error: RuntimeError) -> NoReturn:
+    """Raise ``error``, or the error naming its cause when a peer died mid-kernel under MPS."""
+    explained = explain_lost_context(team, error)
+    if explained is None:
+        raise error
+    raise explained from error
 
 
 def _check(team: Team, op: Op, tensors: tuple, options: tuple) -> None:

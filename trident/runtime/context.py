@@ -18,6 +18,7 @@ from ..faults import fault_error
 from . import group_life, groups, pickling
 from .allocator import SymmetricAllocator
 from .control import ControlBlock
+from .device_loss import naming_lost_peers
 from .heap import SymmetricHeapMixin
 from .nodes import Hierarchy, Topology, node_key
 from .rendezvous import Rendezvous, join_process_group
@@ -108,6 +109,7 @@ class Context(SymmetricHeapMixin):
         topology: the :class:`~trident.runtime.nodes.Topology` (which ranks share a node); ``node``,
             ``local_rank`` (this rank's place in its node) and ``nodes`` (each node's ranks) come from it.
         group_name: the whole world's name, the same on every rank (``torch.ops.trident.*`` take it).
+        watchdog_interval: seconds between the watchdog's looks at every peer's process.
     """
 
     def __init__(self, rendezvous: Rendezvous, backend: str, heap_size: int, local_rank: int,
@@ -159,6 +161,7 @@ class Context(SymmetricHeapMixin):
         # Only weak references back to the context: a closed context must be freed at once (its
         # heap and peer mappings with it), not whenever the garbage collector breaks a cycle.
         me = weakref.ref(self)
+        self.watchdog_interval = watchdog_interval
         self._watchdog = RankWatchdog(self.rank, [who for _, _, who, _ in exchanged], watchdog_interval,
                                       lambda rank, why: (ctx := me()) is not None and ctx._on_rank_gone(rank, why))  # type: ignore[func-returns-value]
         rendezvous.watch(self._watchdog)
@@ -297,7 +300,8 @@ class Context(SymmetricHeapMixin):
         """
         self._check_open()
         refuse_in_capture(self, "ctx.check() and ctx.barrier()")  # before synchronizing: see the function
-        self._backend.synchronize()
+        with naming_lost_peers(self):  # a peer that died mid-kernel under MPS: say so
+            self._backend.synchronize()
         fault = self._control.take_fault()
         if fault is not None:
             kind, message = fault
