@@ -119,6 +119,59 @@ def test_a_tensor_parallel_mlp_compiles_with_fullgraph_and_matches_eager(pool2):
         assert shape == (2 * 4, 8)  # every rank's 4 tokens, 8 features
 
 
+#: How to call each op for its torch.compile case: ``fn(ctx, group) -> (op, args)``. Every op of
+#: ``trident.torch_ops.SCHEMAS`` has one, or a row in COMPILED_ELSEWHERE (tests/test_registry.py).
+def _compile_calls(ctx, g):
+    dev, w = ctx.device, ctx.world_size
+    x, tall = _data(ctx.rank, 6, 8).to(dev), _data(ctx.rank, 2 * w, 8, salt=1).to(dev)
+    A, B = _data(ctx.rank, 8, 16, salt=2).to(dev), _data(ctx.rank, 16, 12, salt=3).to(dev)
+    sends = [(ctx.rank + q) % 3 for q in range(w)]
+    rows = _data(ctx.rank, sum(sends), 8, salt=6).to(dev)
+    return {
+        "all_reduce": (x, "sum", g), "all_reduce_": (ctx.empty(6, 8).copy_(x), "sum", g), "all_gather": (x, g),
+        "reduce_scatter": (tall, "sum", g), "all_to_all": (tall, g), "broadcast": (x, 0, g),
+        "all_to_all_v": (rows, [(p + ctx.rank) % 3 for p in range(w)], sends, g),
+        "gemm_all_reduce": (A, B, g), "gemm_reduce_scatter": (A, B, g), "all_gather_gemm": (A, B, g),
+        "gemm_all_scatter": (A, B, g), "all_reduce_rmsnorm": (x, torch.ones(8, device=dev), 1e-6, x, g),
+    }
+
+
+#: Ops whose torch.compile case is a test of its own.
+COMPILED_ELSEWHERE = {"moe_dispatch": "test_moe_dispatch_and_combine_as_custom_ops_match_torch_and_compile",
+                      "moe_combine": "test_moe_dispatch_and_combine_as_custom_ops_match_torch_and_compile"}
+
+
+def _compile_every_op(ctx):
+    errors = {}
+    for name, args in _compile_calls(ctx, ctx.group_name).items():
+        op = getattr(torch.ops.trident, name)
+        torch._dynamo.reset()
+
+        def call(*a, op=op, inplace=name.endswith("_")):
+            if inplace:  # the mutating op: the result is its first argument
+                op(*a)
+                return a[0]
+            return op(*a)
+
+        eager_args = [a.clone() if isinstance(a, torch.Tensor) and name.endswith("_") else a for a in args]
+        eager = call(*eager_args)
+        compiled = torch.compile(call, fullgraph=True, backend="aot_eager")(*args)
+        flat = (lambda r: list(r) if isinstance(r, (tuple, list)) else [r])
+        errors[name] = max(float((c.cpu().float() - e.cpu().float()).abs().max())
+                           for c, e in zip(flat(compiled), flat(eager), strict=True))
+    return errors
+
+
+def test_every_op_compiles_with_fullgraph_and_matches_eager(pool2):
+    from trident.torch_ops import SCHEMAS
+
+    for errors in pool2.run(_compile_every_op):
+        covered = set(errors) | set(COMPILED_ELSEWHERE)
+        assert covered == set(SCHEMAS), f"ops without a compile case: {set(SCHEMAS) - covered}"
+        bad = {n: e for n, e in errors.items() if not e < GEMM_TOL}
+        assert not bad, bad
+
+
 def _unknown_group(ctx):
     with pytest.raises(ValueError, match="pass ctx.group_name"):
         torch.ops.trident.all_reduce(torch.ones(4, device=ctx.device), "sum", "no-such-group")
