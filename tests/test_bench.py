@@ -411,3 +411,12 @@ def test_plots_draw_one_readable_panel_per_family_from_saved_h200_json(tmp_path)
     with open(path, "rb") as f:
         width, height = struct.unpack(">II", f.read(24)[16:24])
     assert width <= 1700 and 400 <= height <= 1200, (width, height)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="on a GPU the script runs in full (benchmarks/host_anatomy.py)")
+def test_host_anatomy_script_says_it_needs_a_gpu():
+    """benchmarks/host_anatomy.py imports and starts in the simulator, then says it times GPU launches."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "host_anatomy.py")], capture_output=True,
+                          text=True, timeout=120, env=script_env(), cwd=root)
+    assert proc.returncode != 0 and "run it on a GPU" in proc.stderr, proc.stderr[-2000:]
