@@ -194,6 +194,13 @@ class Rendezvous:
         sees a peer go, instead of at the timeout."""
         self._watchdog = watchdog
 
+    def among(self, prefix: str, rank: int, world_size: int) -> Rendezvous:
+        """A rendezvous of some of these ranks (``rank`` of ``world_size``: a group's members) under
+        ``prefix`` inside this one's keys, with the same timeout and watchdog."""
+        sub = Rendezvous(self.store, prefix, rank, world_size, self.timeout)
+        sub.watch(self._watchdog)
+        return sub
+
     def peers_gone(self) -> dict[int, str]:
         """``{rank: what happened}`` for every peer the watchdog saw go (empty without one)."""
         return {} if self._watchdog is None else self._watchdog.gone
