@@ -33,7 +33,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from . import ccl
+from . import ccl, torch_private
 from .dist_slots import (  # the public ones are this module's too: trident.dist_backend.reserve(...)
     DEFAULT_GROUP_BYTES,
     DEFAULT_GROUPS,
@@ -86,6 +86,10 @@ class _Done(dist.Work):
     def result(self):
         return self._result
 
+    def hold(self, result) -> None:
+        """Hold ``result`` from now on: the Work is reused for a later call (``_completed``)."""
+        self._result = result
+
     def get_future(self) -> torch.futures.Future:
         future: torch.futures.Future = torch.futures.Future()
         future.set_result(self._result)
@@ -97,7 +101,7 @@ def _make_fallback(ctx, store, rank: int, size: int, timeout) -> dist.ProcessGro
     store = dist.PrefixStore("fallback/", store)
     if ctx.platform.nccl_usable:
         options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
+        torch_private.set_options_timeout(options, timeout)
         return dist.ProcessGroupNCCL(store, rank, size, options)
     return dist.ProcessGroupGloo(store, rank, size, timeout)
 
@@ -171,7 +175,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         if work is None or sys.getrefcount(work) > 2:  # 2: self._spare and getrefcount's argument
             work = self._spare = _Done(result)
         else:
-            work._result = result
+            work.hold(result)
         return work
 
     # -- what runs on trident -------------------------------------------------------------------
@@ -299,7 +303,7 @@ def register() -> None:
         trident.dist_backend.register()
         tp = dist.new_group([0, 1], backend="trident")
     """
-    if NAME.upper() in dist.Backend._plugins:
+    if torch_private.backend_registered(NAME):
         return
     dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
 
