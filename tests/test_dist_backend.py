@@ -120,7 +120,7 @@ def _host_staged_body(ctx):
     """What gloo cannot do on CUDA tensors (ranks sharing a GPU) goes through host copies. On a GPU
     without NCCL the group stages CUDA tensors by itself; the simulator's tensors live on the host,
     so there every tensor is staged, to run the same path."""
-    from trident.runtime.host_staging import HostStaged, StagedWork
+    from trident.runtime.host_staging import CompletedWork, HostStaged
 
     with _world_group(ctx) as g:
         w, r, dev = ctx.world_size, ctx.rank, ctx.device
@@ -149,7 +149,7 @@ def _host_staged_body(ctx):
         assert torch.equal(mine.cpu(), _value(r, 3, torch.float32, salt=7))
         # An async call's Work is already done.
         work = dist.all_reduce(torch.full((2,), 2.0, device=dev), op=dist.ReduceOp.PRODUCT, group=g, async_op=True)
-        assert work.wait() and (not staged or isinstance(work, StagedWork) or work.is_completed())
+        assert work.wait() and (not staged or isinstance(work, CompletedWork) or work.is_completed())
         # DistributedDataParallel on the group: parameters broadcast from rank 0, gradients averaged.
         torch.manual_seed(1 + r)  # different initial weights: DDP must make them equal
         model = torch.nn.Linear(4, 2).to(dev)

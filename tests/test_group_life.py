@@ -115,23 +115,26 @@ def _destroy_and_reuse(ctx):
         ctx.destroy_group(g)
     same = ctx.memory_stats()["allocated_bytes"] == free0
     g = ctx.new_group([1, 3], workspace_bytes=WS)
+    stats = ctx.memory_stats()  # what new_group's exhaustion reports (nothing below allocates)
     later = refusals({"all_none": lambda: ctx.destroy_group(None),
                       "member_none": lambda: ctx.destroy_group(g if ctx.rank == 1 else None),
                       "huge": lambda: ctx.new_group([0, 1], workspace_bytes=ctx.heap_size)})
     ctx.destroy_group(g)
     used = refusals({"after": lambda: _sum_in(ctx, g)}) if g is not None else {}
     again = refusals({"again": lambda: ctx.destroy_group(g)})
-    return same, later, used, again
+    return same, later, used, again, stats
 
 
 def test_destroy_group_gives_the_region_back_and_the_group_refuses_use(pool4):
-    for r, (same, later, used, again) in enumerate(pool4.run(_destroy_and_reuse)):
+    for r, (same, later, used, again, stats) in enumerate(pool4.run(_destroy_and_reuse)):
         assert same
         assert "one live group" in later["all_none"], later
         assert "members [1, 3]" in later["member_none"] and "exactly they pass the group" in later["member_none"]
         huge = later["huge"]
         assert "new_group(ranks=[0, 1], workspace_bytes=67108864)" in huge and "destroy_group" in huge, huge
         assert "ctx.zeros" not in huge
+        assert (f"only {stats['free_bytes']} bytes of the heap are free (largest free range "
+                f"{stats['largest_free_block']}; heap {stats['heap_size']} bytes)") in huge, huge
         if r in (1, 3):
             assert "destroyed with ctx.destroy_group" in used["after"], used
         assert "one live group" in again["again"], again

@@ -34,7 +34,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from . import ccl
+from . import ccl, torch_private
 from .dist_slots import (  # the public ones are this module's too: trident.dist_backend.reserve(...)
     DEFAULT_GROUP_BYTES,
     DEFAULT_GROUPS,
@@ -51,7 +51,7 @@ from .dist_slots import (  # the public ones are this module's too: trident.dist
 )
 from .errors import ContextClosedError, TridentError
 from .runtime.groups import clear_region, group_in_region
-from .runtime.host_staging import HostStaged
+from .runtime.host_staging import CompletedWork, HostStaged
 
 #: Every trident collective (``trident.ccl.OPS``) and the ProcessGroup method that runs it on trident,
 #: or None with why torch.distributed's call cannot reach it (tests/test_registry.py holds every
@@ -67,39 +67,13 @@ _OP_NAMES = {dist.ReduceOp.RedOpType.SUM: "sum", dist.ReduceOp.RedOpType.MAX: "m
              dist.ReduceOp.RedOpType.MIN: "min"}  # type: ignore[attr-defined]
 _REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
               torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
-class _Done(dist.Work):
-    """A completed Work: trident launched its kernel on the current stream, as NCCL would. Its
-    future is made only when asked for (most callers only ``wait()``, and a torch Future made on
-    every call would cost more than the collective's own host time)."""
-
-    def __init__(self, result):
-        super().__init__()
-        self._result = result
-
-    def wait(self, timeout=None) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def is_success(self) -> bool:
-        return True
-
-    def result(self):
-        return self._result
-
-    def get_future(self) -> torch.futures.Future:
-        future: torch.futures.Future = torch.futures.Future()
-        future.set_result(self._result)
-        return future
-
 
 def _make_fallback(ctx, store, rank: int, size: int, timeout) -> dist.ProcessGroupNCCL | dist.ProcessGroupGloo:
     """The group that runs what trident does not: NCCL with a GPU per rank, gloo otherwise."""
     store = dist.PrefixStore("fallback/", store)
     if ctx.platform.nccl_usable:
         options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
+        torch_private.set_options_timeout(options, timeout)
         return dist.ProcessGroupNCCL(store, rank, size, options)
     return dist.ProcessGroupGloo(store, rank, size, timeout)
 
@@ -124,7 +98,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         #: The all-reduce algorithm of ``dist.all_reduce`` on this group: a row of
         #: ``trident.ccl.ALL_REDUCE_ALGORITHMS`` or "auto" (torch's API has no way to pass one).
         self.algorithm = "auto"
-        self._spare: _Done | None = None
+        self._spare: CompletedWork | None = None
         # The fallback is the group's torch backend too: torch reads the group's name from it, and
         # ops reaching the group through torch's dispatcher (not overridden here) run on it.
         types = dist.ProcessGroup.BackendType
@@ -175,9 +149,9 @@ class TridentProcessGroup(dist.ProcessGroup):
         time; a new one otherwise (a caller kept the last, e.g. ``async_op=True``)."""
         work = self._spare
         if work is None or sys.getrefcount(work) > 2:  # 2: self._spare and getrefcount's argument
-            work = self._spare = _Done(result)
+            work = self._spare = CompletedWork(result)
         else:
-            work._result = result
+            work.hold(result)
         return work
 
     # -- what runs on trident -------------------------------------------------------------------
@@ -305,7 +279,7 @@ def register() -> None:
         trident.dist_backend.register()
         tp = dist.new_group([0, 1], backend="trident")
     """
-    if NAME.upper() in dist.Backend._plugins:
+    if torch_private.backend_registered(NAME):
         return
     dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
 

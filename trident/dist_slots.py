@@ -48,7 +48,7 @@ class Arena:
         """The slots' memory is gone (the heap_scope reserve() ran in ended, or the context closed):
         the torch groups in them stop using it (they run on their fallback from now on)."""
         for group in self.live:
-            group._release(SLOTS_ENDED)
+            group.release(SLOTS_ENDED)
         self.live.clear()
         self.region = None
 

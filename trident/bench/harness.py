@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from .. import config
+from .. import config, torch_private
 from ..platform import SIMULATOR
 
 # NVLink multicast (NVLS) must never be used on the shared multi-GPU hosts (it can take a host's
@@ -140,7 +140,7 @@ def measure(device: torch.device, fn, warmup: int, repeats: int) -> Timing:
     for _ in range(max(repeats, 1)):
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(SLEEP_CYCLES)
+            torch_private.cuda_sleep(SLEEP_CYCLES)
             start.record()
             t0 = time.perf_counter()
             fn()

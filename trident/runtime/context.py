@@ -160,10 +160,10 @@ class Context(SymmetricHeapMixin):
             raise
         # Only weak references back to the context: a closed context must be freed at once (its
         # heap and peer mappings with it), not whenever the garbage collector breaks a cycle.
-        me = weakref.ref(self)
+        on_gone = weakref.WeakMethod(self._on_rank_gone)
         self.watchdog_interval = watchdog_interval
         self._watchdog = RankWatchdog(self.rank, [who for _, _, who, _ in exchanged], watchdog_interval,
-                                      lambda rank, why: (ctx := me()) is not None and ctx._on_rank_gone(rank, why))  # type: ignore[func-returns-value]
+                                      lambda rank, why: (call := on_gone()) is not None and call(rank, why))
         rendezvous.watch(self._watchdog)
         self._watchdog.start()
         self._closed, self._hierarchy = False, None
@@ -248,6 +248,13 @@ class Context(SymmetricHeapMixin):
         self._check_open()
         return [pickle.loads(v) for v in self._rendezvous.all_gather(what, pickling.dumps(value))]
 
+    def exchange_among(self, prefix: str, rank: int, world_size: int) -> Rendezvous:
+        """A host-side exchange of some of the world's ranks (a group's members: ``rank`` of
+        ``world_size``) on the world's store under ``prefix``, with the world's timeout, whose waits
+        end as soon as the watchdog sees a rank go (:meth:`Rendezvous.among`)."""
+        self._check_open()
+        return self._rendezvous.among(prefix, rank, world_size)
+
     def agree_in_debug(self, what: str, *facts) -> None:
         """Debug mode (``TRIDENT_DEBUG=1``): raise :class:`DivergenceError` on every rank unless every
         rank passed the same ``facts`` (shapes, dtypes, options, placements) to collective ``what``.
@@ -320,21 +327,6 @@ class Context(SymmetricHeapMixin):
         """
         self.check()
         self._compare_digests("barrier")
-
-    def _compare_digests(self, what: str) -> None:
-        a = self._allocator
-        mine = f"{a.digest} after {a.ops} heap operations (last: {a.last_op})"
-        states = [v.decode() for v in self._rendezvous.all_gather(what, mine.encode())]
-        if len(set(s.split(" ", 1)[0] for s in states)) > 1:
-            listing = "; ".join(f"rank {r}: {s}" for r, s in enumerate(states))
-            raise DivergenceError(
-                f"rank {self.rank}: ranks' heap allocations are out of step at {what} (every rank must "
-                f"allocate and free the same tensors in the same order): {listing}"
-            )
-
-    def _debug_check_in_step(self, what: str) -> None:
-        if config.DEBUG:
-            self._compare_digests(f"allocation check ({what})")
 
     def new_group(self, ranks, workspace_bytes: int = groups.DEFAULT_WORKSPACE_BYTES):
         """A group of ``ranks`` (collective over the world; None elsewhere): :func:`group_life.new_group`."""

@@ -58,7 +58,7 @@ class _Record:
     def resource_ended(self) -> None:
         """The heap_scope the group was made in ended, or its context closed."""
         if self.group is not None:
-            self.group._release(SCOPE_ENDED)
+            self.group.release(SCOPE_ENDED)
         self.region = self.group = None  # type: ignore[assignment]  # released: every later use is refused first
 
 
@@ -128,11 +128,11 @@ def new_group(ctx, ranks, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> Gro
     try:
         region = ctx.zeros(nbytes, dtype=torch.uint8)
     except HeapExhaustedError:
-        a = ctx._allocator
+        stats = ctx.memory_stats()
         raise HeapExhaustedError(
             f"rank {ctx.rank}: new_group(ranks={list(ranks)}, workspace_bytes={workspace_bytes}) needs a heap region "
-            f"of {nbytes} bytes on every rank of the world, but only {a.free_bytes} bytes of the heap are free "
-            f"(largest free range {a.largest_free_block}; heap {ctx.heap_size} bytes). Destroy groups no longer "
+            f"of {nbytes} bytes on every rank of the world, but only {stats['free_bytes']} bytes of the heap are free "
+            f"(largest free range {stats['largest_free_block']}; heap {ctx.heap_size} bytes). Destroy groups no longer "
             f"needed (ctx.destroy_group), pass a smaller workspace_bytes, or a larger heap_size to trident.init()"
         ) from None
     ctx.barrier()  # every rank zeroed its region before any member signals into it
@@ -179,7 +179,7 @@ def destroy_group(ctx, group) -> None:
     ctx.barrier()  # no rank's kernel still uses the region
     region = record.region
     if record.group is not None:
-        record.group._release("it was destroyed with ctx.destroy_group")
+        record.group.release("it was destroyed with ctx.destroy_group")
     record.region, record.group, record.destroyed = None, None, True
     ctx.free(region)
 

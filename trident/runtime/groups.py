@@ -114,7 +114,7 @@ class Group:
         self.call_cache = CallCache(self._resources)  # the recorded calls of this group (trident.calls)
         self.heap_range = ctx.heap_range
         self.region_offset = region_offset
-        self._released: str | None = None  # why the group can no longer be used (see _release)
+        self._released: str | None = None  # why the group can no longer be used (see release)
         self._exchange: Rendezvous | None = None  # the members' host-side all-gather (made on first use)
 
     def who(self, group_rank: int | None = None) -> str:
@@ -122,8 +122,9 @@ class Group:
         group_rank = self.rank if group_rank is None else group_rank
         return f"rank {self.ranks[group_rank]} (group rank {group_rank} of {list(self.ranks)})"
 
-    def _check_usable(self, what: str = "use") -> None:
-        """Raise unless the group may run work: its context is open and the group was not released."""
+    def check_usable(self, what: str = "use") -> None:
+        """Raise unless the group may run work: its context is open and the group has not ended
+        (:meth:`release`). ``what`` names the refused step in the error."""
         if self.ctx.closed:
             raise ContextClosedError(f"rank {self.ctx.rank}: group {self.group_name} ({list(self.ranks)}): cannot "
                                      f"{what}: its trident context is closed; make a new context and group")
@@ -131,9 +132,11 @@ class Group:
             raise TridentError(f"rank {self.ctx.rank}: group {self.group_name} ({list(self.ranks)}): cannot {what}: "
                                f"{self._released}. Make a new group (ctx.new_group) for further work")
 
-    def _release(self, why: str) -> None:
-        """Let go of the region and the workspace at once (no cycle left for the garbage collector:
-        the workspace refers back to the group) and refuse every later use, saying ``why``."""
+    def release(self, why: str) -> None:
+        """End the group: let go of the region and the workspace at once (no cycle left for the
+        garbage collector: the workspace refers back to the group) and refuse every later use,
+        saying ``why``. Called by what owns the group's region (``ctx.destroy_group``, the end of
+        the heap_scope it was made in, the dist backend's slots); users call ``ctx.destroy_group``."""
         if self._released is None:
             self._released = why
         self._resources.clear()
@@ -157,6 +160,12 @@ class Group:
         """The group's own resources (its collective workspace)."""
         return self._resources
 
+    @property
+    def region(self) -> torch.Tensor:
+        """The group's heap region (uint8, at heap offset ``region_offset``): its barrier words, then
+        its buffers. None once the group has ended."""
+        return self._region
+
     def heap_offset(self, tensor) -> int:
         """A heap tensor's offset (the same as the world's)."""
         return self.ctx.heap_offset(tensor)
@@ -170,12 +179,12 @@ class Group:
 
     def resource(self, key: str, factory):
         """The group's own per-key state (its collective workspace), made on first use."""
-        self._check_usable("run a collective")
+        self.check_usable("run a collective")
         return self._resources.get(key, factory, self)
 
     def empty(self, numel: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
         """``numel`` elements in the group's region (collective over the members)."""
-        self._check_usable("allocate")
+        self.check_usable("allocate")
         nbytes = numel * dtype.itemsize
         try:
             block = self._allocator.allocate(nbytes, f"group {self.group_name} buffer of {nbytes} bytes")
@@ -187,7 +196,8 @@ class Group:
             ) from None
         if self.ctx.debug:
             self._compare_digests(f"allocation check (g.empty of {nbytes} bytes)")
-        return self.ctx._heap[block.offset:block.offset + nbytes].view(dtype)
+        start = block.offset - self.region_offset  # the allocator counts in heap offsets
+        return self._region[start:start + nbytes].view(dtype)
 
     def zeros(self, numel: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
         """``numel`` zeroed elements in the group's region (collective over the members)."""
@@ -195,7 +205,7 @@ class Group:
 
     def free(self, *tensors: torch.Tensor) -> None:
         """Return tensors made by :meth:`empty` / :meth:`zeros` to the region."""
-        self._check_usable("free")
+        self.check_usable("free")
         for t in tensors:
             offset = self.ctx.heap_offset(t)
             if self._allocator.block_at(offset) is None:
@@ -212,7 +222,7 @@ class Group:
 
     def device_barrier(self) -> None:
         """A device barrier of the members only (on the group's own barrier words)."""
-        self._check_usable("run a device barrier")
+        self.check_usable("run a device barrier")
         from ..kernels.barrier import launch_group_barrier
 
         launch_group_barrier(self._barrier, self.heap_bases, self.rank, self.world_size)
@@ -230,13 +240,9 @@ class Group:
 
     def all_gather_object(self, what: str, value) -> list:
         """Every member's picklable ``value``, in group order (host-side, through the store; members only)."""
-        self._check_usable(what)
+        self.check_usable(what)
         if self._exchange is None:
-            from .rendezvous import Rendezvous
-
-            r = self.ctx._rendezvous
-            self._exchange = Rendezvous(r.store, f"{self.group_name}/", self.rank, self.world_size, r.timeout)
-            self._exchange.watch(r._watchdog)
+            self._exchange = self.ctx.exchange_among(f"{self.group_name}/", self.rank, self.world_size)
         return [pickle.loads(v) for v in self._exchange.all_gather(f"{what} in group {self.group_name}",
                                                                    pickle.dumps(value))]
 
@@ -264,7 +270,7 @@ def team(ctx: Team, group: Team | None) -> Team:
     if not isinstance(group, Group) or group.ctx is not getattr(ctx, "ctx", ctx):
         raise ValueError(f"rank {ctx.rank}: group={group!r} is not a group of this context: make it with "
                          f"ctx.new_group(ranks), and pass it on its member ranks only")
-    group._check_usable("run a collective")  # closed, destroyed, or freed by the heap_scope it was made in
+    group.check_usable("run a collective")  # closed, destroyed, or freed by the heap_scope it was made in
     return group
 
 

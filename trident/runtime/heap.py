@@ -9,14 +9,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import layout
-from ..errors import NotSymmetricError, TopologyError
+from .. import config, layout
+from ..errors import DivergenceError, NotSymmetricError, TopologyError
 from .allocator import SymmetricAllocator
 from .creation import TensorFactory
 from .resources import Resources
 
 if TYPE_CHECKING:
     from .nodes import Topology
+    from .rendezvous import Rendezvous
 
 
 def address(t: torch.Tensor) -> int:
@@ -39,7 +40,7 @@ class SymmetricHeapMixin(TensorFactory):
     ``rank``, ``world_size``, ``device``, ``heap_size``, ``_heap`` (this rank's heap, uint8),
     ``_heaps`` (every rank's, as mapped here), ``_allocator`` (a
     :class:`~trident.runtime.allocator.SymmetricAllocator`), ``_resources``, ``_closed``,
-    ``_check_open()`` and ``_debug_check_in_step(what)``.
+    ``_rendezvous`` (the world's, where ranks compare allocation digests) and ``_check_open()``.
     """
 
     rank: int
@@ -52,8 +53,8 @@ class SymmetricHeapMixin(TensorFactory):
     _resources: Resources
     _closed: bool
     topology: Topology
+    _rendezvous: Rendezvous
     _check_open: Callable[[], None]
-    _debug_check_in_step: Callable[[str], None]
     _hierarchy: Any
 
     # The public names other modules read (never the private attributes behind them).
@@ -96,6 +97,23 @@ class SymmetricHeapMixin(TensorFactory):
         self._debug_check_in_step(description)
         flat = self._heap[block.offset:block.offset + span]
         return flat.view(meta.dtype).as_strided(meta.shape, meta.stride())
+
+    def _compare_digests(self, what: str) -> None:
+        """Raise :class:`DivergenceError` on every rank unless the ranks' allocation histories agree (collective)."""
+        a = self._allocator
+        mine = f"{a.digest} after {a.ops} heap operations (last: {a.last_op})"
+        states = [v.decode() for v in self._rendezvous.all_gather(what, mine.encode())]
+        if len(set(s.split(" ", 1)[0] for s in states)) > 1:
+            listing = "; ".join(f"rank {r}: {s}" for r, s in enumerate(states))
+            raise DivergenceError(
+                f"rank {self.rank}: ranks' heap allocations are out of step at {what} (every rank must "
+                f"allocate and free the same tensors in the same order): {listing}"
+            )
+
+    def _debug_check_in_step(self, what: str) -> None:
+        """Debug mode (``TRIDENT_DEBUG=1``): :meth:`_compare_digests` after every allocation and free."""
+        if config.DEBUG:
+            self._compare_digests(f"allocation check ({what})")
 
     def _same_device(self, device: torch.device) -> bool:
         """``device`` names the heap's device (``"cuda"`` without an index matches any GPU index)."""

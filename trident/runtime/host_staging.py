@@ -17,8 +17,16 @@ import torch
 import torch.distributed as dist
 
 
-class StagedWork(dist.Work):
-    """A finished call's Work: ``wait()`` returns at once, ``result()`` is the call's tensors."""
+class CompletedWork(dist.Work):
+    """A completed Work holding a call's result: trident launched its kernel on the current stream
+    (as NCCL would), or a staged call already finished. Its future is made only when asked for
+    (most callers only ``wait()``, and a torch Future made on every call would cost more than a
+    small collective's own host time).
+
+    Example::
+
+        return CompletedWork(tensors)
+    """
 
     def __init__(self, result):
         super().__init__()
@@ -37,8 +45,12 @@ class StagedWork(dist.Work):
         return True
 
     def result(self):
-        """The call's tensors (in place, as the caller passed them)."""
+        """The call's tensors."""
         return self._result
+
+    def hold(self, result) -> None:
+        """Hold ``result`` from now on (a Work reused for a later call)."""
+        self._result = result
 
     def get_future(self) -> torch.futures.Future:
         """A completed future of :meth:`result`."""
@@ -66,7 +78,7 @@ def staged_call(method: Callable, args: tuple, stage: Callable[[torch.Tensor], b
     the copies written back into the originals (outputs get their results; inputs are unchanged).
 
     Returns:
-        A completed :class:`StagedWork` holding the call's original tensors' first argument.
+        A completed :class:`CompletedWork` holding the call's original tensors' first argument.
 
     Example::
 
@@ -79,7 +91,7 @@ def staged_call(method: Callable, args: tuple, stage: Callable[[torch.Tensor], b
         work.wait()
     for original, host in copies:
         original.copy_(host)
-    return StagedWork(args[0] if args else [])
+    return CompletedWork(args[0] if args else [])
 
 
 class HostStaged:

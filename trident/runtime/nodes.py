@@ -148,7 +148,7 @@ class Hierarchy:
         for ranks in topology.nodes:  # collective over the world: every rank makes every node's group
             g = new_group(ctx, ranks, workspace_bytes=layout.ALLOC_ALIGN)
             if g is not None:
-                node = NodeTeam(ctx, g.ranks, g._region, ctx.heap_offset(g._region), g.group_name)
+                node = NodeTeam(ctx, g.ranks, g.region, g.region_offset, g.group_name)
         self.node = node
         gpus = _gpu_identities(ctx)
 
@@ -183,8 +183,7 @@ class Hierarchy:
 
 def _gpu_identities(ctx) -> list[str]:
     """Every rank's GPU (``ctx.platform.device_identity``), in rank order (collective)."""
-    mine = ctx.platform.device_identity.encode()
-    return [v.decode() for v in ctx._rendezvous.all_gather("gpu identity", mine)]
+    return ctx.all_gather_object("gpu identity", ctx.platform.device_identity)
 
 
 class CrossNodes:

@@ -17,6 +17,7 @@ import time
 import torch.distributed as dist
 
 from .. import platform as _platform
+from .. import torch_private
 from ..errors import DivergenceError, RankTimeoutError
 
 
@@ -90,7 +91,7 @@ def join_process_group(backend: str, timeout: float) -> tuple[dist.Store, int, i
     if dist.is_initialized():
         rank, world = dist.get_rank(), dist.get_world_size()
         local_rank = _env_int("LOCAL_RANK", rank)
-        return dist.distributed_c10d._get_default_store(), rank, world, local_rank
+        return torch_private.default_store(), rank, world, local_rank
 
     world = _env_int("WORLD_SIZE", 1 if "RANK" not in os.environ else None)
     rank = _env_int("RANK", 0 if world == 1 else None)
@@ -123,7 +124,7 @@ def join_process_group(backend: str, timeout: float) -> tuple[dist.Store, int, i
     dist.init_process_group(torch_backend, store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=max(timeout, 60)))
     atexit.register(_destroy_process_group)  # the group is ours: tidy it away at exit
-    return dist.distributed_c10d._get_default_store(), rank, world, local_rank
+    return torch_private.default_store(), rank, world, local_rank
 
 
 def _destroy_process_group() -> None:
@@ -193,6 +194,13 @@ class Rendezvous:
         """End waits at once when ``watchdog`` (a :class:`~trident.runtime.watchdog.RankWatchdog`)
         sees a peer go, instead of at the timeout."""
         self._watchdog = watchdog
+
+    def among(self, prefix: str, rank: int, world_size: int) -> Rendezvous:
+        """A rendezvous of some of these ranks (``rank`` of ``world_size``: a group's members) under
+        ``prefix`` inside this one's keys, with the same timeout and watchdog."""
+        sub = Rendezvous(self.store, prefix, rank, world_size, self.timeout)
+        sub.watch(self._watchdog)
+        return sub
 
     def peers_gone(self) -> dict[int, str]:
         """``{rank: what happened}`` for every peer the watchdog saw go (empty without one)."""

@@ -1,0 +1,65 @@
+"""The one place trident uses torch's private API (names with a leading underscore).
+
+torch has no public name for these four things. Every other module calls the functions here, so
+that a torch release that moves one breaks one small function, found by one grep, and
+``tests/test_architecture.py`` allows private reads of another package only here and in
+:mod:`trident.backends.interpreter_fixups` (Triton's, for the simulator).
+
+Each use says why it is needed. Versions: torch >= 2.11 (``pyproject.toml``). All four ran on the
+GPU machine's torch 2.11.0+cu130 (the one-rank runs behind docs/figures.md: ``trident.init``, a
+``backend="trident"`` group with its NCCL fallback, the benchmark harness), and are present in
+torch 2.13 (the development machine and CI, a CPU build: there ``ProcessGroupNCCL`` is missing
+and ``_timeout`` was checked on its base class, ``Backend.Options``).
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+
+def default_store() -> dist.Store:
+    """The store of torch.distributed's initialized default group.
+
+    Why: ``trident.init`` joins a job that torchrun or the user already set up with
+    ``dist.init_process_group``, and its rendezvous (heap handles, barriers, the watchdog's
+    heartbeats) runs on that job's store; torch exposes the store only as
+    ``torch.distributed.distributed_c10d._get_default_store()`` (a plain function of
+    ``distributed_c10d.py``, the same in 2.11 and 2.13).
+    """
+    return dist.distributed_c10d._get_default_store()
+
+
+def backend_registered(name: str) -> bool:
+    """Whether ``dist.Backend.register_backend(name, ...)`` has registered a creator for ``name``.
+
+    Why: registering twice raises, and ``trident.init`` may run again in one process. torch keeps
+    the creators in the class attribute ``dist.Backend._plugins`` (a dict keyed by the upper-case
+    name, filled last by ``register_backend``; the same in 2.11 and 2.13). The public
+    ``Backend.backend_list`` is filled before the creator, so a registration that failed halfway
+    would be taken for a done one.
+    """
+    return name.upper() in dist.Backend._plugins
+
+
+def set_options_timeout(options, timeout: datetime.timedelta) -> None:
+    """Set the timeout of a backend's options (``dist.ProcessGroupNCCL.Options()``).
+
+    Why: ``ProcessGroupNCCL(store, rank, size, options)`` takes its timeout only from its options,
+    whose binding names the field ``_timeout`` (``Backend.Options``, a read-write pybind field,
+    in 2.11 and 2.13; CPU builds have no ``ProcessGroupNCCL``, but the field is on the base
+    ``Backend.Options`` there too).
+    """
+    options._timeout = timeout
+
+
+def cuda_sleep(cycles: int) -> None:
+    """Keep the current CUDA stream busy for about ``cycles`` GPU clock cycles.
+
+    Why: ``trident.bench.harness.measure`` enqueues it before each timed call, so the host queues
+    the call while the GPU sleeps and CUDA events time the device alone. torch's only such kernel
+    is ``torch.cuda._sleep`` (in 2.11 and 2.13).
+    """
+    torch.cuda._sleep(cycles)
