@@ -6,9 +6,12 @@ launch alone, Triton's launch path against the compiled launcher's, torch's disp
 no-op custom op (the floor of any ``torch.ops.trident.*`` call) and a fresh ``empty_like``. Each
 row is the host time per call of 200 calls issued while a sleep kernel keeps the GPU busy (so the
 queue never drains and only the host is timed), best and median of 7; then cProfile of the entry
-paths. Needs a GPU (the simulator's launches are interpreter calls, not launches).
+paths, or of any row whose name contains a ``--profile`` argument, the host cases of ``trident
+bench latency`` included (the same calls and shapes). Needs a GPU (the simulator's launches are
+interpreter calls, not launches).
 
     python benchmarks/host_anatomy.py --out results/host_anatomy     # -> host_anatomy.json
+    python benchmarks/host_anatomy.py --profile "gemm_all_reduce 4096" "torch.ops all_gather"
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch.distributed as dist
 import triton
 
 import trident
+from trident.bench.latency import _host_cases
 from trident.calls import cache as call_cache
 from trident.calls.pipeline import run_call
 from trident.ccl.api import OPS
@@ -107,7 +111,7 @@ def host_us(fn, calls: int = 200, rounds: int = 7) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results/host_anatomy")
-    parser.add_argument("--profile", nargs="*", help="rows to profile with cProfile",
+    parser.add_argument("--profile", nargs="*", help="profile the rows whose names contain these (cProfile)",
                         default=["ccl.all_reduce plain, fixed out", "torch.ops.trident.all_reduce",
                                  "dist.all_reduce trident group", "all_reduce_rmsnorm small"])
     args = parser.parse_args()
@@ -120,16 +124,24 @@ def main() -> None:
         best, median = host_us(fn)
         rows[name] = {"best_us": round(best, 2), "median_us": round(median, 2)}
         print(f"{name:42s} best {best:7.2f}  median {median:7.2f} us", flush=True)
-    for name in args.profile:
+    latency, keep = _host_cases(ctx, small_only=False)
+    every = {**cases, **{f"latency: {name}": fn for name, _, fn in latency}}
+    for name, fn in every.items():
+        if not any(wanted in name for wanted in args.profile):
+            continue
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(2000):
-            cases[name]()
+            fn()
         profile.disable()
         torch.cuda.synchronize()
         text = io.StringIO()
         pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(15)
         print(f"=== cProfile of 2000 calls: {name}\n{text.getvalue()[:4000]}")
+    del keep
     os.makedirs(args.out, exist_ok=True)
     record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "rows": rows}
