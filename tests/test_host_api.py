@@ -174,6 +174,27 @@ def test_init_argument_errors(pool2):
         assert files == []
 
 
+def _one_rank_cannot_make_its_heap(ctx):
+    import shutil
+
+    too_big = shutil.disk_usage("/dev/shm").total * 2 if ctx.backend == "sim" else \
+        torch.cuda.mem_get_info(ctx.device)[1] * 2
+    start = time.monotonic()
+    try:
+        trident.init(heap_size=too_big if ctx.rank == 1 else 1 << 20, timeout=60)
+    except Exception as exc:  # noqa: BLE001
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    return "no error", "", time.monotonic() - start
+
+
+def test_a_rank_whose_heap_cannot_be_made_is_named_by_its_peers_at_once(pool2):
+    """The failing rank raises its own error; its peers do not wait for it (60 s here) but name it."""
+    (kind0, message0, took0), (kind1, message1, took1) = pool2.run(_one_rank_cannot_make_its_heap)
+    assert kind1 == "ValueError" and ("larger than /dev/shm" in message1 or "does not fit" in message1), message1
+    assert kind0 == "TridentError" and "heaps of other ranks could not be made" in message0, message0
+    assert "rank 1: ValueError" in message0 and took0 < 20, (message0, took0)
+
+
 def test_init_rejects_bad_wait_timeouts(pool2):
     """trident.init(wait_timeout=0 or < 0) is refused, as TRIDENT_WAIT_TIMEOUT and ctx.wait_timeout = ... are."""
     for timeouts in pool2.run(_init_timeouts_body):

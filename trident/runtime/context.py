@@ -20,11 +20,12 @@ from .allocator import SymmetricAllocator
 from .control import ControlBlock
 from .device_loss import naming_lost_peers
 from .heap import SymmetricHeapMixin
-from .nodes import Hierarchy, Topology, node_key
+from .heap_exchange import create_and_exchange
+from .nodes import Hierarchy, Topology
 from .rendezvous import Rendezvous, join_process_group
 from .resources import Resources, refuse_in_capture
 from .timeouts import _seconds
-from .watchdog import RankWatchdog, identity
+from .watchdog import RankWatchdog
 
 DEFAULT_HEAP_SIZE = 1 << 30
 _context_ids = itertools.count()
@@ -130,9 +131,7 @@ class Context(SymmetricHeapMixin):
         self._resources = Resources()
         self.call_cache = CallCache(self._resources)  # the recorded calls of this team (trident.calls)
         try:
-            handle = self._backend.create(heap_size)
-            exchanged = [pickle.loads(v) for v in rendezvous.all_gather("heap handle exchange", pickle.dumps(
-                (heap_size, handle, identity(), node_key(self.rank, self.world_size))))]
+            exchanged = create_and_exchange(self, self._backend, rendezvous, heap_size)  # its failures named
             sizes = {r: size for r, (size, *_) in enumerate(exchanged)}
             if len(set(sizes.values())) > 1:
                 raise DivergenceError(f"rank {self.rank}: ranks asked for different heap sizes: {sizes}")
