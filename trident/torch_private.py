@@ -1,15 +1,16 @@
 """The one place trident uses torch's private API (names with a leading underscore).
 
-torch has no public name for these four things. Every other module calls the functions here, so
+torch has no public name for these things. Every other module calls the functions here, so
 that a torch release that moves one breaks one small function, found by one grep, and
 ``tests/test_architecture.py`` allows private reads of another package only here and in
 :mod:`trident.backends.interpreter_fixups` (Triton's, for the simulator).
 
-Each use says why it is needed. Versions: torch >= 2.11 (``pyproject.toml``). All four ran on the
+Each use says why it is needed. Versions: torch >= 2.11 (``pyproject.toml``). The first four ran on the
 GPU machine's torch 2.11.0+cu130 (the one-rank runs behind docs/figures.md: ``trident.init``, a
 ``backend="trident"`` group with its NCCL fallback, the benchmark harness), and are present in
 torch 2.13 (the development machine and CI, a CPU build: there ``ProcessGroupNCCL`` is missing
-and ``_timeout`` was checked on its base class, ``Backend.Options``).
+and ``_timeout`` was checked on its base class, ``Backend.Options``). ``custom_cuda_allocator`` has
+not run on a GPU yet (written 2026-12-04 while no GPU was lent; the GPU suite's heap-pool tests run it).
 """
 
 from __future__ import annotations
@@ -63,3 +64,17 @@ def cuda_sleep(cycles: int) -> None:
     is ``torch.cuda._sleep`` (in 2.11 and 2.13).
     """
     torch.cuda._sleep(cycles)
+
+
+def custom_cuda_allocator(alloc_address: int, free_address: int):
+    """torch's allocator object around two C functions, ``void* alloc(size_t size, int device,
+    cudaStream_t stream)`` and ``void free(void* ptr, size_t size, int device, cudaStream_t stream)``,
+    given by address; ``torch.cuda.MemPool(allocator)`` takes it.
+
+    Why: ``ctx.heap_allocations()`` makes a memory pool whose segments come from the symmetric heap.
+    torch's public ``CUDAPluggableAllocator`` builds this object only from a shared library's
+    symbols (``ctypes.CDLL(path)``), calling ``torch._C._cuda_customAllocator(alloc, free)`` with
+    their addresses; trident's functions are ctypes callbacks, with addresses but no library (the
+    same binding in 2.11 and 2.13; CUDA builds only).
+    """
+    return torch._C._cuda_customAllocator(alloc_address, free_address)

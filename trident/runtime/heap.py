@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import config, layout
-from ..errors import DivergenceError, NotSymmetricError, TopologyError
+from ..errors import DivergenceError, NotSymmetricError, TopologyError, TridentError
 from .allocator import SymmetricAllocator
 from .creation import TensorFactory
 from .resources import Resources
@@ -56,6 +56,7 @@ class SymmetricHeapMixin(TensorFactory):
     _rendezvous: Rendezvous
     _check_open: Callable[[], None]
     _hierarchy: Any
+    backend: str
 
     # The public names other modules read (never the private attributes behind them).
     @property
@@ -149,9 +150,60 @@ class SymmetricHeapMixin(TensorFactory):
                     if buffer.tensor is not None and self.heap_offset(buffer.tensor) not in before:
                         buffer.forget()
                     buffer.kept = [t for t in buffer.kept if self.heap_offset(t) in before]  # the block frees the rest
+                pooled = self._pooled_offsets()  # segments torch holds (heap_allocations) stay
                 for block in self._allocator.live_blocks():
-                    if block.offset not in before:
+                    if block.offset not in before and block.offset not in pooled:
                         self._allocator.free(block.offset)
+
+    def heap_allocations(self):
+        """A ``with`` block inside which the tensors torch makes live on this rank's symmetric heap:
+        zero copy, since collectives, fused ops and ``torch.ops.trident.*`` then use them in place.
+
+        On a GPU every CUDA allocation of this thread inside the block comes from :attr:`mem_pool`
+        (``torch.matmul``'s and ``F.silu``'s outputs, a CUDA graph's outputs); freed tensors return
+        to that pool, as to torch's own. In the simulator torch's factory functions make heap
+        tensors inside the block (:mod:`trident.runtime.heap_pool` says exactly what differs).
+        Ranks must allocate in the same order there, as with ``ctx.empty``. Not collective to enter.
+
+        Example::
+
+            with ctx.heap_allocations():
+                h = torch.matmul(x, w)          # on the heap (GPU)
+            trident.ccl.all_reduce(ctx, h)      # in place, no staging copy
+        """
+        from .heap_pool import allocating_on_heap
+
+        pool = self._heap_pool()
+        return allocating_on_heap(self, pool.segments, pool.mem_pool)
+
+    @property
+    def mem_pool(self):
+        """The ``torch.cuda.MemPool`` whose segments come from the heap (GPU only), e.g. for
+        ``torch.cuda.graph(g, pool=ctx.mem_pool.id)`` so that a graph's outputs lie on the heap."""
+        pool = self._heap_pool()
+        if pool.mem_pool is None:
+            raise TridentError(f"rank {self.rank}: ctx.mem_pool is a CUDA memory pool; the simulator has none "
+                               f"(use ctx.heap_allocations(), which works on both backends)")
+        return pool.mem_pool
+
+    def _heap_pool(self):
+        from .heap_pool import HeapPool
+
+        self._check_open()
+        if self._resources.heap_pool is None:
+            self._resources.heap_pool = HeapPool(self._heap, self._lease, self.backend)
+        return self._resources.heap_pool
+
+    def _lease(self, nbytes: int, what: str):
+        """``(offset, release)`` of a new heap block of ``nbytes`` (a heap_allocations segment)."""
+        block = self._allocator.allocate(nbytes, what)
+        self._debug_check_in_step(what)
+        return block.offset, lambda: self._allocator.free(block.offset)
+
+    def _pooled_offsets(self) -> set[int]:
+        """Heap offsets of the segments heap_allocations holds now."""
+        pool = self._resources.heap_pool
+        return set() if pool is None else pool.segments.offsets()
 
     @property
     def heap_digest(self) -> str:
@@ -173,6 +225,9 @@ class SymmetricHeapMixin(TensorFactory):
         for t in tensors:
             self._require_symmetric(t, "ctx.free")
             offset = self.heap_offset(t)
+            if offset in self._pooled_offsets():
+                raise ValueError(f"rank {self.rank}: ctx.free: this tensor was made inside ctx.heap_allocations(); "
+                                 f"its memory goes back to the heap when its last view is dropped (del it)")
             if self._allocator.block_at(offset) is None:
                 inside = self._allocator.block_containing(offset)
                 where = (f"it starts {offset - inside.offset} bytes into the allocation at {inside.offset:#x}; "

@@ -72,6 +72,9 @@ class Resources:
         self.caches: weakref.WeakSet = weakref.WeakSet()  # the call caches whose recordings use this memory
         self.buffers: weakref.WeakSet[GrowingBuffer] = weakref.WeakSet()  # every GrowingBuffer of the context
         self.calling = ""  # the trident op called last (note_call): named when a buffer cannot grow
+        #: ``ctx.heap_allocations()``'s pool (:class:`trident.runtime.heap_pool.HeapPool`): made on first
+        #: use and kept until ``close()``, whatever heap_scope it was first used in (torch holds its segments).
+        self.heap_pool = None
 
     def moved(self) -> None:
         """Heap memory behind the resources may have moved: a new generation, and every call cache
@@ -110,8 +113,9 @@ class Resources:
 
     def clear(self) -> None:
         """Forget every resource (at ``ctx.close()``)."""
-        dropped = list(self._items.values())
+        dropped = [*self._items.values(), *([self.heap_pool] if self.heap_pool is not None else [])]
         self._items.clear()
+        self.heap_pool = None
         self.moved()
         _ended(dropped)
 
