@@ -46,10 +46,11 @@ def test_tensors_made_inside_are_symmetric_used_in_place_and_given_back(pool2):
 
 def _diverging(ctx):
     trident.ccl.all_reduce(ctx, ctx.ones(256))  # the collectives' workspace exists before ranks diverge
+    kept = []
     with ctx.heap_allocations():
         guard = torch.full((64,), 7.0, device=ctx.device)
         if ctx.rank == 1:
-            extra = torch.zeros(1000, device=ctx.device)  # rank 1 allocates one more tensor
+            kept.append(torch.zeros(1000, device=ctx.device))  # rank 1 allocates one more tensor (kept alive)
         x = torch.full((256,), float(ctx.rank + 1), device=ctx.device)
     offsets = ctx.all_gather_object("offsets", ctx.heap_offset(x))
     trident.ccl.all_reduce(ctx, x)  # collectives find each rank's copy wherever it lies
