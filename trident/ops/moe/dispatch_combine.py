@@ -8,7 +8,7 @@ every expert output row back to its token's rank and sums them there, weighted, 
 Each call is one kernel with no host synchronisation when ``max_tokens_per_rank`` is given: the
 ranks exchange their counts on the device, each sender computes where its rows go from every
 rank's counts, and stores them straight into the receiver's buffer on the symmetric heap
-(:mod:`trident.ops.moe.dispatch_combine.kernels`; docs/moe.md has the layout and the protocol). Counts, offsets and
+(:mod:`trident.ops.moe.kernels`; docs/moe.md has the layout and the protocol). Counts, offsets and
 the overflow check stay on the device, so the calls can be captured in a CUDA graph.
 
 The receive buffers belong to the context (its ops workspace, on the heap): a dispatch result is
@@ -40,7 +40,7 @@ from ..fused import multinode
 from ..fused.call import check_tensor
 from ..fused.sync import sync_block
 from .kernels import STATUS_NEEDED, STATUS_WORDS, STATUS_WORST, moe_combine_kernel, moe_dispatch_kernel
-from .sizing import SCALE_BLOCK, default_capacity
+from .sizing import SCALE_BLOCK, default_capacity, prefill_capacity
 
 #: Token dtypes ``moe_dispatch`` moves (bits, unchanged: fp8 is passed through, not requantised).
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
@@ -168,19 +168,23 @@ def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, c
                      f"[{tokens}, {hidden / SCALE_BLOCK:g}] for x {tuple(x.shape)} (H a multiple of {SCALE_BLOCK})")
 
 
-def _agree(ctx, where: str, tokens: int, facts: tuple) -> int:
-    """The largest T of any rank (one small host exchange); also checks that every rank passed the same
-    sizes and options. Inside a group (which has no host store of its own): a one-element all-reduce."""
+def _agree(ctx, where: str, tokens: int, facts: tuple, sends: torch.Tensor) -> tuple[int, int]:
+    """``(largest T of any rank, most rows any rank receives)`` from one small host exchange, given this
+    rank's ``sends`` (int64 ``[W]``: rows it routes to each rank); also checks that every rank passed the
+    same sizes and options. Inside a group (no host store of its own): two small all-reduces."""
     if isinstance(ctx, Group):
         count = torch.tensor([tokens], dtype=torch.int64, device=ctx.device)
         all_reduce(ctx, count, op="max")
-        return int(count.item())
-    everyone = ctx.all_gather_object("moe_dispatch tokens", (tokens, facts))
-    if len({f for _, f in everyone}) > 1:
-        listing = "; ".join(f"rank {r}: {f}" for r, (_, f) in enumerate(everyone))
+        into = sends.clone()
+        all_reduce(ctx, into)  # into[r]: rows every rank routes to rank r
+        return int(count.item()), int(into.max().item())
+    everyone = ctx.all_gather_object("moe_dispatch tokens", (tokens, facts, sends.tolist()))
+    if len({f for _, f, _ in everyone}) > 1:
+        listing = "; ".join(f"rank {r}: {f}" for r, (_, f, _) in enumerate(everyone))
         raise DivergenceError(f"{where}: ranks passed different (H, k, num_experts, dtype, capacity, scales): "
                               f"{listing}")
-    return max(t for t, _ in everyone)
+    received = [sum(s[r] for _, _, s in everyone) for r in range(ctx.world_size)]
+    return max(t for t, _, _ in everyone), max(received)
 
 
 def _word_dtype(row_bytes: int) -> torch.dtype:
@@ -241,8 +245,13 @@ def _run_dispatch(team, rec, tensors, options) -> None:
     ctx, where = team, f"{team.who()}: moe_dispatch"
     (tokens, hidden), k, world = x.shape, topk_idx.shape[1], ctx.world_size
     facts = (hidden, k, num_experts, str(x.dtype), capacity, x_scales is not None)
-    if max_tokens_per_rank is None:
-        max_tokens = _agree(ctx, where, tokens, facts)
+    experts_local = num_experts // world
+    if max_tokens_per_rank is None:  # the host exchange sizes the receive buffer by the real counts
+        valid = topk_idx[(topk_idx >= 0) & (topk_idx < num_experts)]
+        sends = torch.bincount(torch.div(valid, experts_local, rounding_mode="floor"), minlength=world)
+        max_tokens, received = _agree(ctx, where, tokens, facts, sends)
+        if capacity is None:
+            capacity = prefill_capacity(received)
     else:
         max_tokens = int(max_tokens_per_rank)
         ctx.agree_in_debug("moe_dispatch", *facts, max_tokens)
@@ -251,7 +260,6 @@ def _run_dispatch(team, rec, tensors, options) -> None:
         ctx.agree_in_debug("moe_dispatch: topk_idx ids outside [-1, num_experts)", bad)
         if bad:
             _fail(where, f"topk_idx holds ids outside [-1, {num_experts}): {bad}")
-    experts_local = num_experts // world
     rows = default_capacity(world, max_tokens, k) if capacity is None else int(capacity)
     # Every buffer is asked for on every rank with the same size (collective), in the same order.
     ws = workspace(ctx)

@@ -37,6 +37,24 @@ def default_capacity(world_size: int, max_tokens_per_rank: int, topk: int) -> in
     return int(world_size) * int(max_tokens_per_rank) * int(topk)
 
 
+#: Rows the prefill path's receive buffer is rounded up to (``max_tokens_per_rank=None``).
+PREFILL_ROWS_ROUNDING = 256
+
+
+def prefill_capacity(received_rows: int) -> int:
+    """The capacity ``moe_dispatch`` takes when ``max_tokens_per_rank`` is None and ``capacity`` is
+    None (the prefill path): the most rows any rank receives in this call (the ranks exchange their
+    counts on the host, which that path does anyway), rounded up to :data:`PREFILL_ROWS_ROUNDING` so
+    that calls of similar sizes reuse one buffer. It cannot overflow.
+
+    Example::
+
+        prefill_capacity(30)   # 256
+    """
+    rows = max(int(received_rows), 1)
+    return -(-rows // PREFILL_ROWS_ROUNDING) * PREFILL_ROWS_ROUNDING
+
+
 def _aligned(nbytes: int) -> int:
     return (int(nbytes) + layout.ALLOC_ALIGN - 1) // layout.ALLOC_ALIGN * layout.ALLOC_ALIGN
 
@@ -90,4 +108,4 @@ def moe_heap_bytes(tokens_per_rank: int, hidden: int, topk: int, num_experts: in
     return layout.CONTROL_BYTES + sum(_block(b) for b in buffers) + sum(_aligned(b) for b in fixed)
 
 
-__all__ = ["default_capacity", "moe_heap_bytes"]
+__all__ = ["default_capacity", "prefill_capacity", "moe_heap_bytes", "PREFILL_ROWS_ROUNDING"]
