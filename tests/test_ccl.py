@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 import trident
 from tests.conftest import POOL_KWARGS, get_pool
+from tests.helpers import assert_no_problems, capture_graph, run_graph_test
 from trident import ccl
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32]
@@ -143,8 +144,7 @@ def _all_gather_body(ctx):
 
 
 def test_all_gather(world_pool):
-    results = world_pool.run(_all_gather_body)
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _all_gather_body)
 
 
 def _all_reduce_body(ctx):
@@ -164,8 +164,7 @@ def _all_reduce_body(ctx):
 
 
 def test_all_reduce_every_op_dtype_and_algorithm(world_pool):
-    results = world_pool.run(_all_reduce_body)
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _all_reduce_body)
 
 
 def _all_reduce_sizes_body(ctx):
@@ -185,8 +184,7 @@ def _all_reduce_sizes_body(ctx):
 
 
 def test_all_reduce_every_algorithm_and_size(world_pool):
-    results = world_pool.run(_all_reduce_sizes_body)
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _all_reduce_sizes_body)
 
 
 def _reduce_scatter_body(ctx):
@@ -206,8 +204,7 @@ def _reduce_scatter_body(ctx):
 
 
 def test_reduce_scatter(world_pool):
-    results = world_pool.run(_reduce_scatter_body)
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _reduce_scatter_body)
 
 
 def _all_to_all_body(ctx):
@@ -228,8 +225,7 @@ def _all_to_all_body(ctx):
 
 
 def test_all_to_all(world_pool):
-    results = world_pool.run(_all_to_all_body)
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _all_to_all_body)
 
 
 def _split_patterns(w):
@@ -280,13 +276,11 @@ def _all_to_all_v_body(ctx, patterns):
 
 
 def test_all_to_all_v(world_pool):
-    results = world_pool.run(_all_to_all_v_body, ["uneven", "ring", "large"])
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _all_to_all_v_body, ["uneven", "ring", "large"])
 
 
 def test_all_to_all_v_with_a_rank_that_sends_nothing_and_one_that_receives_nothing(world_pool):
-    results = world_pool.run(_all_to_all_v_body, ["silent"])
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _all_to_all_v_body, ["silent"])
 
 
 def _broadcast_body(ctx):
@@ -303,8 +297,7 @@ def _broadcast_body(ctx):
 
 
 def test_broadcast(world_pool):
-    results = world_pool.run(_broadcast_body)
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _broadcast_body)
 
 
 # -- precision ---------------------------------------------------------------------------------------
@@ -384,8 +377,7 @@ def _rounds_body(ctx, rounds):
 
 
 def test_repeated_all_reduce_on_the_same_buffer(world_pool):
-    results = world_pool.run(_rounds_body, 3)
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _rounds_body, 3)
 
 
 def _chain_body(ctx, where):
@@ -479,7 +471,7 @@ def _offset_views_body(ctx):
 
 
 def test_views_that_start_inside_their_storage(pool3):
-    assert pool3.run(_offset_views_body) == [[]] * 3
+    assert_no_problems(pool3, _offset_views_body)
 
 
 def _late_arrival_body(ctx, delay):
@@ -502,7 +494,7 @@ def _late_arrival_body(ctx, delay):
 
 
 def test_first_collective_with_a_late_rank(pool3):
-    assert pool3.run(_late_arrival_body, 0.5) == [[]] * 3
+    assert_no_problems(pool3, _late_arrival_body, 0.5)
 
 
 def _placement_per_rank_body(ctx):
@@ -690,12 +682,7 @@ def _graph_body(ctx, replays):
     torch.cuda.synchronize()
     check("warm-up", 0)
     ctx.barrier()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph, stream=stream):
-            step()
-    torch.cuda.synchronize()
+    graph = capture_graph(step)
     ctx.barrier()
     for r in range(1, replays + 1):
         fill(r)  # the inputs change in place between replays
@@ -708,9 +695,7 @@ def _graph_body(ctx, replays):
 
 
 def test_cuda_graph_capture(world_pool):
-    results = world_pool.run(_graph_body, 3)
-    if results[0] == "skipped":
-        pytest.skip("CUDA graphs need the cuda backend")
+    results = run_graph_test(world_pool, _graph_body, 3)
     assert results == [[]] * world_pool.world_size, results
 
 
@@ -775,4 +760,4 @@ def _mixed_placement_body(ctx, dtype):
 
 @pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=str)
 def test_every_dtype_with_ranks_placing_tensors_differently(pool3, dtype):
-    assert pool3.run(_mixed_placement_body, dtype) == [[]] * 3
+    assert_no_problems(pool3, _mixed_placement_body, dtype)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import get_pool
+from tests.helpers import assert_refused, assert_within_tolerance, skip_without_baseline
 from trident.ops import MatmulConfig
 from trident.testing import refusals
 
@@ -67,21 +68,12 @@ def pool234(request):
 
 @pytest.mark.parametrize("pattern", FUSED + ("baseline",))
 def test_pattern_matches_torch(pool234, pattern):
-    results = pool234.run(_body, (pattern,), CASES)
-    if results[0] is None:
-        pytest.skip("ranks share a GPU: torch.distributed's NCCL baseline cannot run")
-    for errors in results:
-        assert len(errors) == 2 * len(CASES)
-        for name, dtype, call, err, tol in errors:
-            assert err < tol, (name, dtype, call, err)
+    assert_within_tolerance(skip_without_baseline(pool234.run(_body, (pattern,), CASES)), 2 * len(CASES))
 
 
 def test_one_rank_every_pattern_is_the_gemm():
     """At one rank there is nobody to send to: every pattern must still produce A @ B."""
-    for errors in get_pool(1).run(_body, FUSED, CASES[:2]):
-        assert len(errors) == 2 * 2 * len(FUSED)
-        for name, dtype, call, err, tol in errors:
-            assert err < tol, (name, dtype, call, err)
+    assert_within_tolerance(get_pool(1).run(_body, FUSED, CASES[:2]), 2 * 2 * len(FUSED))
 
 
 def _in_turn_body(ctx):
@@ -100,10 +92,7 @@ def _in_turn_body(ctx):
 
 def test_patterns_in_turn_and_with_gemm_reduce_scatter(pool2):
     """Every pattern (and auto) one after another, with another fused op in between."""
-    for errors in pool2.run(_in_turn_body):
-        assert len(errors) == 2 * (2 * len(FUSED) + 1) + 2 * 2
-        for name, dtype, call, err, tol in errors:
-            assert err < tol, (name, dtype, call, err)
+    assert_within_tolerance(pool2.run(_in_turn_body), 2 * (2 * len(FUSED) + 1) + 2 * 2)
 
 
 def test_auto_runs_baseline_where_nccl_runs_else_the_shared_gpu_pattern():
@@ -138,16 +127,12 @@ def _bad_input_body(ctx):
 
 
 def test_bad_input_is_refused_before_anything_runs(pool2):
+    expected = {"pattern": "pattern='producer_consumer' is not one of", "k": "K mismatch",
+                "c": "expected (M, N) = (4, 3)", "dtype": "must share one dtype",
+                "comm": "comm_programs=0 must be a positive int", "contiguous": "must be contiguous",
+                "config": "BLOCK_K=8 must be a power of two", "int": "dtype torch.int32"}
     for rank, m in enumerate(pool2.run(_bad_input_body)):
-        assert all(f"rank {rank}: gemm_all_reduce" in text for text in m.values()), m
-        assert "pattern='producer_consumer' is not one of" in m["pattern"]
-        assert "K mismatch" in m["k"]
-        assert "expected (M, N) = (4, 3)" in m["c"]
-        assert "must share one dtype" in m["dtype"]
-        assert "comm_programs=0 must be a positive int" in m["comm"]
-        assert "must be contiguous" in m["contiguous"]
-        assert "BLOCK_K=8 must be a power of two" in m["config"]
-        assert "dtype torch.int32" in m["int"]
+        assert_refused(m, expected, prefix=f"rank {rank}: gemm_all_reduce")
 
 
 def _zero_body(ctx):
@@ -174,10 +159,7 @@ def test_empty_sizes(pool2):
 def test_many_tiles_per_program(pool4):
     """15 tiles: each of the simulator's 2 reducer programs and each GEMM program takes several."""
     case = [(torch.float16, 48, 80, 16, SMALL)]
-    for errors in pool4.run(_body, ("fused_sequential", "workgroup_specialized"), case):
-        assert len(errors) == 2 * 2
-        for name, dtype, call, err, tol in errors:
-            assert err < tol, (name, dtype, call, err)
+    assert_within_tolerance(pool4.run(_body, ("fused_sequential", "workgroup_specialized"), case), 2 * 2)
 
 
 def _trace_body(ctx, pattern):
