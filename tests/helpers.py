@@ -10,11 +10,33 @@ Example::
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import triton
 
 import trident
+from trident.ops import MatmulConfig
+
+# -- the fused GEMM ops' tests ----------------------------------------------------------------------
+
+#: Tiles small enough that the tests' small shapes span several of them (and ragged ones).
+SMALL = MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)
+#: Taller tiles, no grouping: a second tile walk.
+TALL = MatmulConfig(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16, GROUP_M=1, num_warps=4, num_stages=1)
+#: The largest relative error a GEMM result may have, per input dtype (fp32 accumulation).
+GEMM_TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 5e-3}
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``|got - want| / |want|`` in float64 on the host (``want`` a float64 host tensor); inf when
+    ``got`` holds a NaN or inf (a tile nobody wrote: the tests fill C with NaN first)."""
+    got = got.cpu().double()
+    return float((got - want).norm() / want.norm()) if torch.isfinite(got).all() else math.inf
+
+
+# -- any test -----------------------------------------------------------------------------------------
 
 
 def assert_no_problems(pool, body, *args) -> None:
@@ -32,21 +54,18 @@ def assert_refused(messages: dict, expected: dict, prefix: str = "") -> None:
         assert text in messages[name], (name, text, messages[name])
 
 
-def skip_without_baseline(results: list) -> list:
-    """``results`` of a run whose ranks return None where the NCCL baseline cannot run (ranks share
-    a GPU): the test is skipped there, else ``results`` is returned."""
+def assert_gemm_errors(results: list, per_rank: int, *where) -> None:
+    """Every rank's list of ``(pattern, dtype, call, relative error)`` has ``per_rank`` entries, each
+    error under ``GEMM_TOL[dtype]`` (``where`` goes into the message of one that is not).
+
+    A body returns None instead where the NCCL baseline cannot run (ranks share a GPU): the test
+    is skipped there."""
     if results[0] is None:
         pytest.skip("ranks share a GPU: torch.distributed's NCCL baseline cannot run")
-    return results
-
-
-def assert_within_tolerance(results: list, per_rank: int, *where) -> None:
-    """Every rank's ``(pattern, dtype, call, err, tol)`` list has ``per_rank`` entries, each with
-    ``err < tol`` (``where`` goes into the message of one that is not)."""
     for errors in results:
         assert len(errors) == per_rank
-        for name, dtype, call, err, tol in errors:
-            assert err < tol, (*where, name, dtype, call, err)
+        for name, dtype, call, err in errors:
+            assert err < GEMM_TOL[dtype], (*where, name, str(dtype), call, err)
 
 
 def capture_graph(step) -> torch.cuda.CUDAGraph:
