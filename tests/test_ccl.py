@@ -115,6 +115,30 @@ def _check_output(what, result, out, buf, want):
     return problems
 
 
+def _all_reduce_case(ctx, what, inputs, heap, reduce_op, **call) -> list[str]:
+    """``ccl.all_reduce(ctx, out, **call)`` in place, ``out`` a fresh heap or plain output holding my
+    entry of ``inputs`` (every rank's), checked against their ``reduce_op`` reduction; the problems."""
+    tensor, buf = _output(ctx, inputs[0].shape, inputs[0].dtype, heap)
+    tensor.copy_(inputs[ctx.rank])
+    result = ccl.all_reduce(ctx, tensor, **call)
+    problems = _check_output(what, result, tensor, buf, _reduce(inputs, reduce_op))
+    _free(ctx, buf)
+    return problems
+
+
+def _out_of_place_case(ctx, what, inputs, place, out_shape, call, want) -> list[str]:
+    """``call(out, inp)``: ``inp`` my entry of ``inputs`` (every rank's) placed as ``place`` says, ``out``
+    a fresh output of ``out_shape`` (on the heap for "heap"); checked against ``want``, with the input
+    left unchanged; the problems."""
+    inp = _place(ctx, inputs[ctx.rank], place != "plain")
+    out, buf = _output(ctx, out_shape, inputs[0].dtype, place == "heap")
+    result = call(out, inp)
+    problems = _check_output(what, result, out, buf, want)
+    problems += _diff(f"{what} (input changed)", inp, inputs[ctx.rank])
+    _free(ctx, inp, buf)
+    return problems
+
+
 def _rotation(count):
     """``count`` (case number, dtype, shape index, placement) tuples, each in its own rotation."""
     return [(i, DTYPES[i % len(DTYPES)], i % len(SHAPES), PLACES[(i + i // len(SHAPES)) % 3]) for i in range(count)]
@@ -134,12 +158,8 @@ def _all_gather_body(ctx):
         shape = SHAPES[k]
         what = f"rank {me}/{w} all_gather {dtype} {shape} {place}"
         inputs = [_data(p, shape, dtype) for p in range(w)]
-        inp = _place(ctx, inputs[me], place != "plain")
-        out, buf = _output(ctx, (w * shape[0],) + shape[1:], dtype, place == "heap")
-        result = ccl.all_gather(ctx, out, inp)
-        problems += _check_output(what, result, out, buf, torch.cat(inputs))
-        problems += _diff(f"{what} (input changed)", inp, inputs[me])
-        _free(ctx, inp, buf)
+        problems += _out_of_place_case(ctx, what, inputs, place, (w * shape[0],) + shape[1:],
+                                       lambda out, inp: ccl.all_gather(ctx, out, inp), torch.cat(inputs))
     return problems
 
 
@@ -155,11 +175,8 @@ def _all_reduce_body(ctx):
         algorithm, shape, heap = ALGORITHMS[i % 3], SHAPES[(i + i // 3) % len(SHAPES)], i % 2 == 0
         what = f"rank {me}/{w} all_reduce {algorithm} {op} {dtype} {shape} {'heap' if heap else 'plain'}"
         inputs = [_data(p, shape, dtype) for p in range(w)]
-        tensor, buf = _output(ctx, shape, dtype, heap)
-        tensor.copy_(inputs[me])
-        result = ccl.all_reduce(ctx, tensor, op=REDUCE_OPS[op] if i % 4 == 1 else op, algorithm=algorithm)
-        problems += _check_output(what, result, tensor, buf, _reduce(inputs, op))
-        _free(ctx, buf)
+        problems += _all_reduce_case(ctx, what, inputs, heap, op, op=REDUCE_OPS[op] if i % 4 == 1 else op,
+                                     algorithm=algorithm)
     return problems
 
 
@@ -175,11 +192,7 @@ def _all_reduce_sizes_body(ctx):
         dtype, heap = [torch.bfloat16, torch.float32, torch.int64][i % 3], i % 2 == 1
         what = f"rank {me}/{w} all_reduce {algorithm} sum {dtype} {shape} {'heap' if heap else 'plain'}"
         inputs = [_data(p, shape, dtype, salt=i) for p in range(w)]
-        tensor, buf = _output(ctx, shape, dtype, heap)
-        tensor.copy_(inputs[me])
-        result = ccl.all_reduce(ctx, tensor, algorithm=algorithm)
-        problems += _check_output(what, result, tensor, buf, _reduce(inputs, "sum"))
-        _free(ctx, buf)
+        problems += _all_reduce_case(ctx, what, inputs, heap, "sum", algorithm=algorithm)
     return problems
 
 
@@ -194,12 +207,10 @@ def _reduce_scatter_body(ctx):
         shape = (w * chunk[0],) + chunk[1:]
         what = f"rank {me}/{w} reduce_scatter {op} {dtype} in {shape} {place}"
         inputs = [_data(p, shape, dtype) for p in range(w)]
-        inp = _place(ctx, inputs[me], place != "plain")
-        out, buf = _output(ctx, chunk, dtype, place == "heap")
-        result = ccl.reduce_scatter(ctx, out, inp, op=REDUCE_OPS[op] if i % 4 == 3 else op)
-        problems += _check_output(what, result, out, buf, _reduce(inputs, op).split(chunk[0])[me])
-        problems += _diff(f"{what} (input changed)", inp, inputs[me])
-        _free(ctx, inp, buf)
+        call_op = REDUCE_OPS[op] if i % 4 == 3 else op
+        problems += _out_of_place_case(ctx, what, inputs, place, chunk,
+                                       lambda out, inp, op=call_op: ccl.reduce_scatter(ctx, out, inp, op=op),
+                                       _reduce(inputs, op).split(chunk[0])[me])
     return problems
 
 
@@ -214,13 +225,9 @@ def _all_to_all_body(ctx):
         shape = (w * chunk[0],) + chunk[1:]
         what = f"rank {me}/{w} all_to_all {dtype} {shape} {place}"
         inputs = [_data(p, shape, dtype) for p in range(w)]
-        inp = _place(ctx, inputs[me], place != "plain")
-        out, buf = _output(ctx, shape, dtype, place == "heap")
-        result = ccl.all_to_all(ctx, out, inp)
         want = torch.cat([inputs[p].split(chunk[0])[me] for p in range(w)])
-        problems += _check_output(what, result, out, buf, want)
-        problems += _diff(f"{what} (input changed)", inp, inputs[me])
-        _free(ctx, inp, buf)
+        problems += _out_of_place_case(ctx, what, inputs, place, shape,
+                                       lambda out, inp: ccl.all_to_all(ctx, out, inp), want)
     return problems
 
 
