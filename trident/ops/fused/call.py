@@ -211,7 +211,9 @@ def fused_op(spec: OpSpec, check, shape, across_nodes=None, refusal=None) -> Op:
         shape: ``shape(team, A, B, C)`` -> ``((M, N, K), size, empty)``: the GEMM this rank runs
             (its tile config is picked for it), the M*N*K ``auto`` looks up, and whether C is empty
             (nothing to do).
-        across_nodes: the pipeline's across-nodes hook, or None (the op refuses, with ``refusal(team)``).
+        across_nodes: ``across_nodes(team, tensors, options, op)``, the op across nodes given ``op``,
+            this record, to run over each node (:mod:`trident.ops.fused.multinode`); or None (the op
+            refuses, with ``refusal(team)``).
 
     Example::
 
@@ -238,8 +240,13 @@ def fused_op(spec: OpSpec, check, shape, across_nodes=None, refusal=None) -> Op:
         rec.rerun_with(lambda A, B, C: dataclasses.replace(decided, A=A, B=B, C=C).run())
         call.run()
 
-    return Op(spec.name, check=lambda team, t, o: check(team, *t, *o[:3]), run=run, across_nodes=across_nodes,
-              cacheable=lambda options: options[3] is None, refusal=refusal)
+    def run_across_nodes(team: Team, tensors: tuple, options: tuple):
+        return across_nodes(team, tensors, options, op)
+
+    op = Op(spec.name, check=lambda team, t, o: check(team, *t, *o[:3]), run=run,
+            across_nodes=None if across_nodes is None else run_across_nodes,
+            cacheable=lambda options: options[3] is None, refusal=refusal)
+    return op
 
 
 def split_roles(call: FusedCall, comm_work: int, other_work: int) -> tuple[int, int]:

@@ -145,7 +145,7 @@ def _shape(team, A_local, B, C):
 #: The op as the call pipeline runs it.
 ALL_GATHER_GEMM_OP: Op = fused_op(
     ALL_GATHER_GEMM, lambda team, *args: _check_all_gather_gemm_args(team, *args), _shape,
-    across_nodes=lambda team, t, o: multinode.all_gather_gemm(team, t, o, ALL_GATHER_GEMM_OP))
+    across_nodes=multinode.all_gather_gemm)
 
 
 def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor, pattern: str = "auto",

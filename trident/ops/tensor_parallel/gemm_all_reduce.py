@@ -76,8 +76,7 @@ def _shape(team, A, B, C):
 
 
 #: The op as the call pipeline runs it.
-GEMM_ALL_REDUCE_OP: Op = fused_op(GEMM_ALL_REDUCE, _check, _shape,
-                              across_nodes=lambda team, t, o: multinode.gemm_all_reduce(team, t, o, GEMM_ALL_REDUCE_OP))
+GEMM_ALL_REDUCE_OP: Op = fused_op(GEMM_ALL_REDUCE, _check, _shape, across_nodes=multinode.gemm_all_reduce)
 
 
 def gemm_all_reduce(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, pattern: str = "auto",

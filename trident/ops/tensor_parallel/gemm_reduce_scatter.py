@@ -68,9 +68,7 @@ def _shape(team, A, B, C):
 
 
 #: The op as the call pipeline runs it.
-GEMM_REDUCE_SCATTER_OP: Op = fused_op(
-    GEMM_REDUCE_SCATTER, _check, _shape,
-    across_nodes=lambda team, t, o: multinode.gemm_reduce_scatter(team, t, o, GEMM_REDUCE_SCATTER_OP))
+GEMM_REDUCE_SCATTER_OP: Op = fused_op(GEMM_REDUCE_SCATTER, _check, _shape, across_nodes=multinode.gemm_reduce_scatter)
 
 
 def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, pattern: str = "auto",
