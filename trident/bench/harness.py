@@ -61,12 +61,8 @@ def add_common_args(parser: argparse.ArgumentParser, name: str, warmup: int = 3,
 def message_size_parser(prog: str, description: str | None, name: str, max_bytes: int,
                         warmup: int, repeats: int) -> argparse.ArgumentParser:
     """The parser of a benchmark that sweeps the message size of one collective call: ``--min-bytes``
-    (default 1K) and ``--max-bytes``, ``--dtype`` (default bfloat16) and :func:`add_common_args`'s.
-
-    Example::
-
-        args = message_size_parser("trident bench ccl", __doc__, "ccl", 1 << 30, 5, 20).parse_args(argv)
-    """
+    (default 1K) and ``--max-bytes``, ``--dtype`` (default bfloat16) and :func:`add_common_args`'s;
+    e.g. ``message_size_parser("trident bench ccl", __doc__, "ccl", 1 << 30, 5, 20).parse_args(argv)``."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_size_range_args(parser, 1 << 10, max_bytes, what="message")
     parser.add_argument("--dtype", default="bfloat16")
@@ -88,13 +84,8 @@ def add_size_range_args(parser: argparse.ArgumentParser, min_bytes: int, max_byt
 
 
 def cap_size_range(args, max_bytes: int) -> None:
-    """Lower ``args.max_bytes`` to at most ``max_bytes`` (a simulator run), and ``args.min_bytes`` with it
-    (the sweep's range stays non-empty).
-
-    Example::
-
-        cap_size_range(args, 16 << 10)   # --min-bytes 64K --max-bytes 1G -> 16K..16K
-    """
+    """Lower ``args.max_bytes`` to at most ``max_bytes`` (a simulator run), and ``args.min_bytes`` with it:
+    ``cap_size_range(args, 16 << 10)`` makes ``--min-bytes 64K --max-bytes 1G`` 16K..16K."""
     args.max_bytes = min(args.max_bytes, max_bytes)
     args.min_bytes = min(args.min_bytes, args.max_bytes)
 
@@ -231,12 +222,8 @@ def metadata(ctx, argv=None) -> dict:
 
 
 def params(args) -> dict:
-    """A record's ``params``: the parsed arguments, but ``no_progress`` (how a run is shown, not what it measures).
-
-    Example::
-
-        record = new_record(ctx, "ccl", params(args))
-    """
+    """A record's ``params``: the parsed arguments but ``no_progress`` (how a run is shown, not what it
+    measures), as in ``new_record(ctx, "ccl", params(args))``."""
     return {k: v for k, v in vars(args).items() if k != "no_progress"}
 
 
@@ -377,15 +364,10 @@ def run_benchmark(args, run, report, heap_size: int) -> dict:
 
 
 def bench_main(argv, parse_args, run, report, heap, sim_sizes=None) -> dict:
-    """A benchmark module's ``main`` on this rank: parse ``argv``, shrink the run for the simulator,
-    then :func:`run_benchmark` with the heap it needs; returns the record.
-
-    Args:
-        argv: the command line (None: ``sys.argv[1:]``, as argparse takes it).
-        parse_args: the module's ``parse_args(argv) -> args``.
-        run, report: the module's, as :func:`run_benchmark` takes them.
-        heap: ``heap(args) -> bytes``, called after ``sim_sizes`` (the heap follows the sizes), or an int.
-        sim_sizes: ``sim_sizes(args)``, which shrinks ``args`` in the simulator; None: nothing to shrink.
+    """A benchmark module's ``main`` on this rank: ``args = parse_args(argv)``, ``sim_sizes(args)`` in
+    the simulator (if given), then :func:`run_benchmark` with ``run``, ``report`` and a heap of
+    ``heap(args)`` bytes (after ``sim_sizes``: the heap follows the sizes; or ``heap`` itself, an int).
+    Returns the record.
 
     Example::
 
