@@ -47,6 +47,25 @@ def run_child(code: str, tmp_path, timeout: float = 600) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def assert_compiled(code: str, tmp_path, count: int) -> None:
+    """Run ``code`` in a compiling child (:func:`run_child`) whose results map each kernel it built to
+    ``"ok"`` or what went wrong (:func:`outcome`): there must be ``count`` of them, every one ``"ok"``."""
+    results = run_child(code, tmp_path)
+    assert len(results) == count, results
+    failed = {k: v for k, v in results.items() if v != "ok"}
+    assert not failed, failed
+
+
+def outcome(fn, signature: dict, constexprs: dict | None = None, check: str | None = None, **options) -> str:
+    """``"ok"`` when :func:`compile_ptx` builds ``fn`` (and its PTX contains ``check``, if given), else
+    what went wrong: the error (its last 1500 characters) or the missing PTX. For a child's results."""
+    try:
+        ptx = compile_ptx(fn, signature, constexprs, **options)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[-1500:]
+    return "ok" if check is None or check in ptx else f"no {check} in the PTX"
+
+
 def compile_ptx(fn, signature: dict, constexprs: dict | None = None, aligned=(), num_warps: int = 4,
                 num_stages: int | None = None) -> str:
     """Compile the ``@triton.jit`` function ``fn`` for sm_90 (in a child: the cuda backend); return its PTX.

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 import trident
 from tests.conftest import POOL_KWARGS, get_pool
+from tests.helpers import assert_no_problems, capture_graph, run_graph_test
 from trident import ccl
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32]
@@ -114,6 +115,30 @@ def _check_output(what, result, out, buf, want):
     return problems
 
 
+def _all_reduce_case(ctx, what, inputs, heap, reduce_op, **call) -> list[str]:
+    """``ccl.all_reduce(ctx, out, **call)`` in place, ``out`` a fresh heap or plain output holding my
+    entry of ``inputs`` (every rank's), checked against their ``reduce_op`` reduction; the problems."""
+    tensor, buf = _output(ctx, inputs[0].shape, inputs[0].dtype, heap)
+    tensor.copy_(inputs[ctx.rank])
+    result = ccl.all_reduce(ctx, tensor, **call)
+    problems = _check_output(what, result, tensor, buf, _reduce(inputs, reduce_op))
+    _free(ctx, buf)
+    return problems
+
+
+def _out_of_place_case(ctx, what, inputs, place, out_shape, call, want) -> list[str]:
+    """``call(out, inp)``: ``inp`` my entry of ``inputs`` (every rank's) placed as ``place`` says, ``out``
+    a fresh output of ``out_shape`` (on the heap for "heap"); checked against ``want``, with the input
+    left unchanged; the problems."""
+    inp = _place(ctx, inputs[ctx.rank], place != "plain")
+    out, buf = _output(ctx, out_shape, inputs[0].dtype, place == "heap")
+    result = call(out, inp)
+    problems = _check_output(what, result, out, buf, want)
+    problems += _diff(f"{what} (input changed)", inp, inputs[ctx.rank])
+    _free(ctx, inp, buf)
+    return problems
+
+
 def _rotation(count):
     """``count`` (case number, dtype, shape index, placement) tuples, each in its own rotation."""
     return [(i, DTYPES[i % len(DTYPES)], i % len(SHAPES), PLACES[(i + i // len(SHAPES)) % 3]) for i in range(count)]
@@ -133,18 +158,13 @@ def _all_gather_body(ctx):
         shape = SHAPES[k]
         what = f"rank {me}/{w} all_gather {dtype} {shape} {place}"
         inputs = [_data(p, shape, dtype) for p in range(w)]
-        inp = _place(ctx, inputs[me], place != "plain")
-        out, buf = _output(ctx, (w * shape[0],) + shape[1:], dtype, place == "heap")
-        result = ccl.all_gather(ctx, out, inp)
-        problems += _check_output(what, result, out, buf, torch.cat(inputs))
-        problems += _diff(f"{what} (input changed)", inp, inputs[me])
-        _free(ctx, inp, buf)
+        problems += _out_of_place_case(ctx, what, inputs, place, (w * shape[0],) + shape[1:],
+                                       lambda out, inp: ccl.all_gather(ctx, out, inp), torch.cat(inputs))
     return problems
 
 
 def test_all_gather(world_pool):
-    results = world_pool.run(_all_gather_body)
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _all_gather_body)
 
 
 def _all_reduce_body(ctx):
@@ -155,17 +175,13 @@ def _all_reduce_body(ctx):
         algorithm, shape, heap = ALGORITHMS[i % 3], SHAPES[(i + i // 3) % len(SHAPES)], i % 2 == 0
         what = f"rank {me}/{w} all_reduce {algorithm} {op} {dtype} {shape} {'heap' if heap else 'plain'}"
         inputs = [_data(p, shape, dtype) for p in range(w)]
-        tensor, buf = _output(ctx, shape, dtype, heap)
-        tensor.copy_(inputs[me])
-        result = ccl.all_reduce(ctx, tensor, op=REDUCE_OPS[op] if i % 4 == 1 else op, algorithm=algorithm)
-        problems += _check_output(what, result, tensor, buf, _reduce(inputs, op))
-        _free(ctx, buf)
+        problems += _all_reduce_case(ctx, what, inputs, heap, op, op=REDUCE_OPS[op] if i % 4 == 1 else op,
+                                     algorithm=algorithm)
     return problems
 
 
 def test_all_reduce_every_op_dtype_and_algorithm(world_pool):
-    results = world_pool.run(_all_reduce_body)
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _all_reduce_body)
 
 
 def _all_reduce_sizes_body(ctx):
@@ -176,17 +192,12 @@ def _all_reduce_sizes_body(ctx):
         dtype, heap = [torch.bfloat16, torch.float32, torch.int64][i % 3], i % 2 == 1
         what = f"rank {me}/{w} all_reduce {algorithm} sum {dtype} {shape} {'heap' if heap else 'plain'}"
         inputs = [_data(p, shape, dtype, salt=i) for p in range(w)]
-        tensor, buf = _output(ctx, shape, dtype, heap)
-        tensor.copy_(inputs[me])
-        result = ccl.all_reduce(ctx, tensor, algorithm=algorithm)
-        problems += _check_output(what, result, tensor, buf, _reduce(inputs, "sum"))
-        _free(ctx, buf)
+        problems += _all_reduce_case(ctx, what, inputs, heap, "sum", algorithm=algorithm)
     return problems
 
 
 def test_all_reduce_every_algorithm_and_size(world_pool):
-    results = world_pool.run(_all_reduce_sizes_body)
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _all_reduce_sizes_body)
 
 
 def _reduce_scatter_body(ctx):
@@ -196,18 +207,15 @@ def _reduce_scatter_body(ctx):
         shape = (w * chunk[0],) + chunk[1:]
         what = f"rank {me}/{w} reduce_scatter {op} {dtype} in {shape} {place}"
         inputs = [_data(p, shape, dtype) for p in range(w)]
-        inp = _place(ctx, inputs[me], place != "plain")
-        out, buf = _output(ctx, chunk, dtype, place == "heap")
-        result = ccl.reduce_scatter(ctx, out, inp, op=REDUCE_OPS[op] if i % 4 == 3 else op)
-        problems += _check_output(what, result, out, buf, _reduce(inputs, op).split(chunk[0])[me])
-        problems += _diff(f"{what} (input changed)", inp, inputs[me])
-        _free(ctx, inp, buf)
+        call_op = REDUCE_OPS[op] if i % 4 == 3 else op
+        problems += _out_of_place_case(ctx, what, inputs, place, chunk,
+                                       lambda out, inp, op=call_op: ccl.reduce_scatter(ctx, out, inp, op=op),
+                                       _reduce(inputs, op).split(chunk[0])[me])
     return problems
 
 
 def test_reduce_scatter(world_pool):
-    results = world_pool.run(_reduce_scatter_body)
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _reduce_scatter_body)
 
 
 def _all_to_all_body(ctx):
@@ -217,19 +225,14 @@ def _all_to_all_body(ctx):
         shape = (w * chunk[0],) + chunk[1:]
         what = f"rank {me}/{w} all_to_all {dtype} {shape} {place}"
         inputs = [_data(p, shape, dtype) for p in range(w)]
-        inp = _place(ctx, inputs[me], place != "plain")
-        out, buf = _output(ctx, shape, dtype, place == "heap")
-        result = ccl.all_to_all(ctx, out, inp)
         want = torch.cat([inputs[p].split(chunk[0])[me] for p in range(w)])
-        problems += _check_output(what, result, out, buf, want)
-        problems += _diff(f"{what} (input changed)", inp, inputs[me])
-        _free(ctx, inp, buf)
+        problems += _out_of_place_case(ctx, what, inputs, place, shape,
+                                       lambda out, inp: ccl.all_to_all(ctx, out, inp), want)
     return problems
 
 
 def test_all_to_all(world_pool):
-    results = world_pool.run(_all_to_all_body)
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _all_to_all_body)
 
 
 def _split_patterns(w):
@@ -280,13 +283,11 @@ def _all_to_all_v_body(ctx, patterns):
 
 
 def test_all_to_all_v(world_pool):
-    results = world_pool.run(_all_to_all_v_body, ["uneven", "ring", "large"])
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _all_to_all_v_body, ["uneven", "ring", "large"])
 
 
 def test_all_to_all_v_with_a_rank_that_sends_nothing_and_one_that_receives_nothing(world_pool):
-    results = world_pool.run(_all_to_all_v_body, ["silent"])
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _all_to_all_v_body, ["silent"])
 
 
 def _broadcast_body(ctx):
@@ -303,8 +304,7 @@ def _broadcast_body(ctx):
 
 
 def test_broadcast(world_pool):
-    results = world_pool.run(_broadcast_body)
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _broadcast_body)
 
 
 # -- precision ---------------------------------------------------------------------------------------
@@ -384,8 +384,7 @@ def _rounds_body(ctx, rounds):
 
 
 def test_repeated_all_reduce_on_the_same_buffer(world_pool):
-    results = world_pool.run(_rounds_body, 3)
-    assert results == [[]] * world_pool.world_size, results
+    assert_no_problems(world_pool, _rounds_body, 3)
 
 
 def _chain_body(ctx, where):
@@ -479,7 +478,7 @@ def _offset_views_body(ctx):
 
 
 def test_views_that_start_inside_their_storage(pool3):
-    assert pool3.run(_offset_views_body) == [[]] * 3
+    assert_no_problems(pool3, _offset_views_body)
 
 
 def _late_arrival_body(ctx, delay):
@@ -502,7 +501,7 @@ def _late_arrival_body(ctx, delay):
 
 
 def test_first_collective_with_a_late_rank(pool3):
-    assert pool3.run(_late_arrival_body, 0.5) == [[]] * 3
+    assert_no_problems(pool3, _late_arrival_body, 0.5)
 
 
 def _placement_per_rank_body(ctx):
@@ -690,12 +689,7 @@ def _graph_body(ctx, replays):
     torch.cuda.synchronize()
     check("warm-up", 0)
     ctx.barrier()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph, stream=stream):
-            step()
-    torch.cuda.synchronize()
+    graph = capture_graph(step)
     ctx.barrier()
     for r in range(1, replays + 1):
         fill(r)  # the inputs change in place between replays
@@ -708,9 +702,7 @@ def _graph_body(ctx, replays):
 
 
 def test_cuda_graph_capture(world_pool):
-    results = world_pool.run(_graph_body, 3)
-    if results[0] == "skipped":
-        pytest.skip("CUDA graphs need the cuda backend")
+    results = run_graph_test(world_pool, _graph_body, 3)
     assert results == [[]] * world_pool.world_size, results
 
 
@@ -775,4 +767,4 @@ def _mixed_placement_body(ctx, dtype):
 
 @pytest.mark.parametrize("dtype", MOVE_DTYPES, ids=str)
 def test_every_dtype_with_ranks_placing_tensors_differently(pool3, dtype):
-    assert pool3.run(_mixed_placement_body, dtype) == [[]] * 3
+    assert_no_problems(pool3, _mixed_placement_body, dtype)

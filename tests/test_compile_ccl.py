@@ -4,12 +4,12 @@ Triton specializes an integer argument equal to 1 into a compile-time constant, 
 must also compile when ``rank``, ``world_size`` or a size is 1: each kernel is built both ways.
 """
 
-from tests.sm90_harness import run_child
+from tests.sm90_harness import assert_compiled
 
 CHILD = r'''
 import json
 import triton.language as tl
-from tests.sm90_harness import compile_ptx, with_ones
+from tests.sm90_harness import outcome, with_ones
 from trident.ccl import kernels as K
 
 COMMON = {"sync_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64", "BLOCK": "constexpr",
@@ -47,17 +47,10 @@ for name, (fn, sig, cst) in CASES.items():
         if ones:
             signature, constexprs = with_ones(signature, constexprs,
                                               ("rank", "world_size", "n", "m", "chunk", "inner", "src", "equal_rows"))
-        try:
-            compile_ptx(fn, signature, constexprs)
-            results[f"{name}{'-ones' if ones else ''}"] = "ok"
-        except Exception as exc:
-            results[f"{name}{'-ones' if ones else ''}"] = f"{type(exc).__name__}: {exc}"[-1500:]
+        results[f"{name}{'-ones' if ones else ''}"] = outcome(fn, signature, constexprs)
 print(json.dumps(results))
 '''
 
 
 def test_collective_kernels_compile_for_sm90_also_with_arguments_equal_to_one(tmp_path):
-    results = run_child(CHILD, tmp_path)
-    assert len(results) == 20
-    failed = {k: v for k, v in results.items() if v != "ok"}
-    assert not failed, failed
+    assert_compiled(CHILD, tmp_path, 20)

@@ -26,31 +26,19 @@ REFERENCE = {
     "and": lambda x, v: x & v, "or": lambda x, v: x | v, "xor": lambda x, v: x ^ v,
     "min": torch.minimum, "max": torch.maximum,
 }
+# The device function of each op in REFERENCE: the kernel takes it as a constexpr (Triton inlines it).
+ATOMICS = {"add": trident.atomic_add, "sub": trident.atomic_sub, "xchg": trident.atomic_xchg,
+           "and": trident.atomic_and, "or": trident.atomic_or, "xor": trident.atomic_xor,
+           "min": trident.atomic_min, "max": trident.atomic_max}
 
 
 @triton.jit
-def atomic_op_kernel(x_ptr, val_ptr, old_ptr, n, rank, peer, heap_bases, OP: tl.constexpr, SEM: tl.constexpr,
+def atomic_op_kernel(x_ptr, val_ptr, old_ptr, n, rank, peer, heap_bases, ATOMIC: tl.constexpr, SEM: tl.constexpr,
                      SCOPE: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     val = tl.load(val_ptr + offs, mask=mask)
-    p = x_ptr + offs
-    if OP == "add":
-        old = trident.atomic_add(p, val, rank, peer, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
-    elif OP == "sub":
-        old = trident.atomic_sub(p, val, rank, peer, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
-    elif OP == "xchg":
-        old = trident.atomic_xchg(p, val, rank, peer, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
-    elif OP == "and":
-        old = trident.atomic_and(p, val, rank, peer, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
-    elif OP == "or":
-        old = trident.atomic_or(p, val, rank, peer, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
-    elif OP == "xor":
-        old = trident.atomic_xor(p, val, rank, peer, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
-    elif OP == "min":
-        old = trident.atomic_min(p, val, rank, peer, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
-    else:
-        old = trident.atomic_max(p, val, rank, peer, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
+    old = ATOMIC(x_ptr + offs, val, rank, peer, heap_bases, mask=mask, sem=SEM, scope=SCOPE)
     tl.store(old_ptr + offs, old, mask=mask)
 
 
@@ -83,7 +71,7 @@ def _atomic_body(ctx, op, dtype, n, block):
             x[n:] = -3
             ctx.barrier()
             atomic_op_kernel[(triton.cdiv(n, block),)](x, val, old, n, ctx.rank, right, ctx.heap_bases,
-                                                       OP=op, SEM=sem, SCOPE=scope, BLOCK=block)
+                                                       ATOMIC=ATOMICS[op], SEM=sem, SCOPE=scope, BLOCK=block)
             ctx.barrier()
             # My x was updated by my left neighbour with its operand; my `old` holds my right one's x.
             want_x = REFERENCE[op](_initial(n, ctx.rank, dtype), _operand(n, left, dtype))

@@ -44,159 +44,162 @@ def _world_group(ctx):
         _destroy(g)
 
 
+def _in_world_group(ctx, body):
+    """``body(ctx, g)``, ``g`` a trident group of the whole world (:func:`_world_group`); returns the
+    group's counts of the calls trident ran and those it left to the fallback."""
+    with _world_group(ctx) as g:
+        body(ctx, g)
+        return dict(g.counts)
+
+
+def _counts(body) -> dict:
+    """Run ``body(ctx, g)`` in a world group on two ranks (:func:`_in_world_group`); both ranks must
+    count the same calls: returns the counts."""
+    first, second = get_pool(2).run(_in_world_group, body)
+    assert first == second, (first, second)
+    return first
+
+
 def _value(rank, n, dtype, salt=0):
     return (torch.arange(n, dtype=torch.float64) * (rank + 1) + salt + 3 * rank).to(dtype)
 
 
-def _collectives_body(ctx):
+def _collectives_body(ctx, g):
     import trident
 
-    with _world_group(ctx) as g:
-        w, r, dev = ctx.world_size, ctx.rank, ctx.device
-        assert isinstance(g, trident.dist_backend.TridentProcessGroup), type(g)
-        for dtype in (torch.float32, torch.int32):
-            for op, fold in ((dist.ReduceOp.SUM, torch.stack), (dist.ReduceOp.MAX, torch.stack),
-                             (dist.ReduceOp.MIN, torch.stack)):
-                t = _value(r, 37, dtype).to(dev)
-                dist.all_reduce(t, op=op, group=g)
-                every = fold([_value(p, 37, dtype) for p in range(w)])
-                want = {dist.ReduceOp.SUM: every.sum(0), dist.ReduceOp.MAX: every.max(0).values,
-                        dist.ReduceOp.MIN: every.min(0).values}[op].to(dtype)
-                assert torch.equal(t.cpu(), want), (dtype, op)
-        out = torch.empty(w * 24, device=dev)
-        _collective("all_gather")(out, _value(r, 24, torch.float32).to(dev), group=g)
-        assert torch.equal(out.cpu(), torch.cat([_value(p, 24, torch.float32) for p in range(w)]))
-        out = torch.empty(5, 3, device=dev)
-        _collective("reduce_scatter")(out, _value(r, w * 15, torch.float32).view(w * 5, 3).to(dev), group=g)
-        total = sum(_value(p, w * 15, torch.float32) for p in range(w)).view(w * 5, 3)
-        assert torch.allclose(out.cpu(), total[r * 5:(r + 1) * 5])
-        out = torch.empty(w * 4, 2, device=dev)
-        dist.all_to_all_single(out, _value(r, w * 8, torch.float32).view(w * 4, 2).to(dev), group=g)
-        want = torch.cat([_value(p, w * 8, torch.float32).view(w * 4, 2)[r * 4:(r + 1) * 4] for p in range(w)])
-        assert torch.equal(out.cpu(), want)
-        t = _value(r, 10, torch.float32).to(dev)
-        dist.broadcast(t, src=w - 1, group=g)
-        assert torch.equal(t.cpu(), _value(w - 1, 10, torch.float32))
-        dist.barrier(group=g)
-        work = dist.all_reduce(torch.ones(4, device=dev), group=g, async_op=True)
-        work.wait()
-        return dict(g.counts)
+    w, r, dev = ctx.world_size, ctx.rank, ctx.device
+    assert isinstance(g, trident.dist_backend.TridentProcessGroup), type(g)
+    for dtype in (torch.float32, torch.int32):
+        for op, fold in ((dist.ReduceOp.SUM, torch.stack), (dist.ReduceOp.MAX, torch.stack),
+                         (dist.ReduceOp.MIN, torch.stack)):
+            t = _value(r, 37, dtype).to(dev)
+            dist.all_reduce(t, op=op, group=g)
+            every = fold([_value(p, 37, dtype) for p in range(w)])
+            want = {dist.ReduceOp.SUM: every.sum(0), dist.ReduceOp.MAX: every.max(0).values,
+                    dist.ReduceOp.MIN: every.min(0).values}[op].to(dtype)
+            assert torch.equal(t.cpu(), want), (dtype, op)
+    out = torch.empty(w * 24, device=dev)
+    _collective("all_gather")(out, _value(r, 24, torch.float32).to(dev), group=g)
+    assert torch.equal(out.cpu(), torch.cat([_value(p, 24, torch.float32) for p in range(w)]))
+    out = torch.empty(5, 3, device=dev)
+    _collective("reduce_scatter")(out, _value(r, w * 15, torch.float32).view(w * 5, 3).to(dev), group=g)
+    total = sum(_value(p, w * 15, torch.float32) for p in range(w)).view(w * 5, 3)
+    assert torch.allclose(out.cpu(), total[r * 5:(r + 1) * 5])
+    out = torch.empty(w * 4, 2, device=dev)
+    dist.all_to_all_single(out, _value(r, w * 8, torch.float32).view(w * 4, 2).to(dev), group=g)
+    want = torch.cat([_value(p, w * 8, torch.float32).view(w * 4, 2)[r * 4:(r + 1) * 4] for p in range(w)])
+    assert torch.equal(out.cpu(), want)
+    t = _value(r, 10, torch.float32).to(dev)
+    dist.broadcast(t, src=w - 1, group=g)
+    assert torch.equal(t.cpu(), _value(w - 1, 10, torch.float32))
+    dist.barrier(group=g)
+    work = dist.all_reduce(torch.ones(4, device=dev), group=g, async_op=True)
+    work.wait()
 
 
 def test_every_collective_runs_on_trident_and_matches_torch():
-    results = get_pool(2).run(_collectives_body)
-    assert results[0] == results[1] == {"trident": 11, "fallback": 0}
+    assert _counts(_collectives_body) == {"trident": 11, "fallback": 0}
 
 
-def _fallback_body(ctx):
-
-    with _world_group(ctx) as g:
-        w, r, dev = ctx.world_size, ctx.rank, ctx.device
-        parts = [torch.empty(6, device=dev) for _ in range(w)]
-        dist.all_gather(parts, _value(r, 6, torch.float32).to(dev), group=g)  # a list: not trident's
-        assert all(torch.equal(p.cpu(), _value(q, 6, torch.float32)) for q, p in enumerate(parts))
-        # Unequal splits: rank r sends q + 1 rows to rank q.
-        in_splits = [q + 1 for q in range(w)]
-        out_splits = [r + 1] * w
-        inp = torch.full((sum(in_splits), 2), float(r), device=dev)
-        out = torch.empty(sum(out_splits), 2, device=dev)
-        dist.all_to_all_single(out, inp, out_splits, in_splits, group=g)
-        assert torch.equal(out.cpu(), torch.cat([torch.full((r + 1, 2), float(p)) for p in range(w)]))
-        t = torch.full((3,), float(r + 2), device=dev)
-        dist.all_reduce(t, op=dist.ReduceOp.PRODUCT, group=g)  # not sum / max / min
-        assert torch.equal(t.cpu(), torch.full((3,), float(torch.arange(2, w + 2).prod())))
-        big = torch.ones(SLOT // 4 + 1, dtype=torch.uint8, device=dev)  # past a quarter of the slot
-        dist.all_reduce(big, group=g)
-        assert int(big.cpu().min()) == w
-        return dict(g.counts)
+def _fallback_body(ctx, g):
+    w, r, dev = ctx.world_size, ctx.rank, ctx.device
+    parts = [torch.empty(6, device=dev) for _ in range(w)]
+    dist.all_gather(parts, _value(r, 6, torch.float32).to(dev), group=g)  # a list: not trident's
+    assert all(torch.equal(p.cpu(), _value(q, 6, torch.float32)) for q, p in enumerate(parts))
+    # Unequal splits: rank r sends q + 1 rows to rank q.
+    in_splits = [q + 1 for q in range(w)]
+    out_splits = [r + 1] * w
+    inp = torch.full((sum(in_splits), 2), float(r), device=dev)
+    out = torch.empty(sum(out_splits), 2, device=dev)
+    dist.all_to_all_single(out, inp, out_splits, in_splits, group=g)
+    assert torch.equal(out.cpu(), torch.cat([torch.full((r + 1, 2), float(p)) for p in range(w)]))
+    t = torch.full((3,), float(r + 2), device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.PRODUCT, group=g)  # not sum / max / min
+    assert torch.equal(t.cpu(), torch.full((3,), float(torch.arange(2, w + 2).prod())))
+    big = torch.ones(SLOT // 4 + 1, dtype=torch.uint8, device=dev)  # past a quarter of the slot
+    dist.all_reduce(big, group=g)
+    assert int(big.cpu().min()) == w
 
 
 def test_what_trident_does_not_run_falls_back_and_is_right():
-    results = get_pool(2).run(_fallback_body)
-    assert results[0] == results[1] == {"trident": 0, "fallback": 4}
+    assert _counts(_fallback_body) == {"trident": 0, "fallback": 4}
 
 
-def _host_staged_body(ctx):
+def _host_staged_body(ctx, g):
     """What gloo cannot do on CUDA tensors (ranks sharing a GPU) goes through host copies. On a GPU
     without NCCL the group stages CUDA tensors by itself; the simulator's tensors live on the host,
     so there every tensor is staged, to run the same path."""
     from trident.runtime.host_staging import CompletedWork, HostStaged
 
-    with _world_group(ctx) as g:
-        w, r, dev = ctx.world_size, ctx.rank, ctx.device
-        if ctx.platform.simulator:
-            g.fallback = HostStaged(g.fallback, stage=lambda t: True)
-        elif not ctx.platform.nccl_usable:
-            assert isinstance(g.fallback, HostStaged)
-        staged = isinstance(g.fallback, HostStaged)
-        # Point to point: a ring.
-        got = torch.empty(5, device=dev)
-        if r % 2 == 0:
-            dist.send(_value(r, 5, torch.float32).to(dev), (r + 1) % w, group=g)
-            dist.recv(got, (r - 1) % w, group=g)
-        else:
-            dist.recv(got, (r - 1) % w, group=g)
-            dist.send(_value(r, 5, torch.float32).to(dev), (r + 1) % w, group=g)
-        assert torch.equal(got.cpu(), _value((r - 1) % w, 5, torch.float32))
-        # gather / scatter to and from rank 0.
-        parts = [torch.empty(4, device=dev) for _ in range(w)] if r == 0 else None
-        dist.gather(_value(r, 4, torch.float32).to(dev), parts, dst=0, group=g)
-        if r == 0:
-            assert all(torch.equal(p.cpu(), _value(q, 4, torch.float32)) for q, p in enumerate(parts))
-        mine = torch.empty(3, device=dev)
-        dist.scatter(mine, [_value(q, 3, torch.float32, salt=7).to(dev) for q in range(w)] if r == 0 else None,
-                     src=0, group=g)
-        assert torch.equal(mine.cpu(), _value(r, 3, torch.float32, salt=7))
-        # An async call's Work is already done.
-        work = dist.all_reduce(torch.full((2,), 2.0, device=dev), op=dist.ReduceOp.PRODUCT, group=g, async_op=True)
-        assert work.wait() and (not staged or isinstance(work, CompletedWork) or work.is_completed())
-        # DistributedDataParallel on the group: parameters broadcast from rank 0, gradients averaged.
-        torch.manual_seed(1 + r)  # different initial weights: DDP must make them equal
-        model = torch.nn.Linear(4, 2).to(dev)
-        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=g)
-        ddp(torch.randn(3, 4, device=dev)).sum().backward()
-        weights = [torch.empty_like(model.weight) for _ in range(w)]
-        dist.all_gather(weights, model.weight.detach(), group=g)
-        grads = [torch.empty_like(model.weight) for _ in range(w)]
-        dist.all_gather(grads, model.weight.grad, group=g)
-        assert all(torch.equal(x, weights[0]) for x in weights) and all(torch.equal(x, grads[0]) for x in grads)
-        return staged, dict(g.counts)
+    w, r, dev = ctx.world_size, ctx.rank, ctx.device
+    if ctx.platform.simulator:
+        g.fallback = HostStaged(g.fallback, stage=lambda t: True)
+    elif not ctx.platform.nccl_usable:
+        assert isinstance(g.fallback, HostStaged)
+    staged = isinstance(g.fallback, HostStaged)
+    # Point to point: a ring.
+    got = torch.empty(5, device=dev)
+    if r % 2 == 0:
+        dist.send(_value(r, 5, torch.float32).to(dev), (r + 1) % w, group=g)
+        dist.recv(got, (r - 1) % w, group=g)
+    else:
+        dist.recv(got, (r - 1) % w, group=g)
+        dist.send(_value(r, 5, torch.float32).to(dev), (r + 1) % w, group=g)
+    assert torch.equal(got.cpu(), _value((r - 1) % w, 5, torch.float32))
+    # gather / scatter to and from rank 0.
+    parts = [torch.empty(4, device=dev) for _ in range(w)] if r == 0 else None
+    dist.gather(_value(r, 4, torch.float32).to(dev), parts, dst=0, group=g)
+    if r == 0:
+        assert all(torch.equal(p.cpu(), _value(q, 4, torch.float32)) for q, p in enumerate(parts))
+    mine = torch.empty(3, device=dev)
+    dist.scatter(mine, [_value(q, 3, torch.float32, salt=7).to(dev) for q in range(w)] if r == 0 else None,
+                 src=0, group=g)
+    assert torch.equal(mine.cpu(), _value(r, 3, torch.float32, salt=7))
+    # An async call's Work is already done.
+    work = dist.all_reduce(torch.full((2,), 2.0, device=dev), op=dist.ReduceOp.PRODUCT, group=g, async_op=True)
+    assert work.wait() and (not staged or isinstance(work, CompletedWork) or work.is_completed())
+    # DistributedDataParallel on the group: parameters broadcast from rank 0, gradients averaged.
+    torch.manual_seed(1 + r)  # different initial weights: DDP must make them equal
+    model = torch.nn.Linear(4, 2).to(dev)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=g)
+    ddp(torch.randn(3, 4, device=dev)).sum().backward()
+    weights = [torch.empty_like(model.weight) for _ in range(w)]
+    dist.all_gather(weights, model.weight.detach(), group=g)
+    grads = [torch.empty_like(model.weight) for _ in range(w)]
+    dist.all_gather(grads, model.weight.grad, group=g)
+    assert all(torch.equal(x, weights[0]) for x in weights) and all(torch.equal(x, grads[0]) for x in grads)
+    assert staged or torch.cuda.is_available()  # the simulator always stages here
 
 
 def test_what_gloo_cannot_run_on_gpu_tensors_goes_through_the_host():
     """send/recv, gather, scatter and DistributedDataParallel on a trident torch group whose fallback is
     gloo (ranks sharing a GPU: issue 34, where gloo failed with "writev ... Bad address")."""
-    for staged, counts in get_pool(2).run(_host_staged_body):
-        assert counts["fallback"] >= 6, counts
-        assert staged or torch.cuda.is_available()
+    counts = _counts(_host_staged_body)
+    assert counts["fallback"] >= 6, counts
 
 
-def _ddp_body(ctx):
-
-    with _world_group(ctx) as g:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(ctx.device)
-        batches = [torch.randn(5, 8, generator=torch.Generator().manual_seed(100 + p)) for p in range(ctx.world_size)]
-        targets = [torch.randn(5, 4, generator=torch.Generator().manual_seed(200 + p)) for p in range(ctx.world_size)]
-        # The reference: the gradient of the mean loss over every rank's batch, on one rank.
-        torch.nn.functional.mse_loss(model(torch.cat(batches).to(ctx.device)), torch.cat(targets).to(ctx.device)
-                                     ).backward()
-        want = [p.grad.clone() for p in model.parameters()]
-        model.zero_grad()
-        # DDP-style: this rank's batch, then every gradient all-reduced over the trident group and averaged.
-        loss = torch.nn.functional.mse_loss(model(batches[ctx.rank].to(ctx.device)), targets[ctx.rank].to(ctx.device))
-        loss.backward()
-        for p in model.parameters():
-            dist.all_reduce(p.grad, group=g)
-            p.grad /= dist.get_world_size(g)
-        for got, ref in zip((p.grad for p in model.parameters()), want):
-            assert torch.allclose(got, ref, atol=1e-6, rtol=1e-5), (got - ref).abs().max()
-        return dict(g.counts)
+def _ddp_body(ctx, g):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(ctx.device)
+    batches = [torch.randn(5, 8, generator=torch.Generator().manual_seed(100 + p)) for p in range(ctx.world_size)]
+    targets = [torch.randn(5, 4, generator=torch.Generator().manual_seed(200 + p)) for p in range(ctx.world_size)]
+    # The reference: the gradient of the mean loss over every rank's batch, on one rank.
+    torch.nn.functional.mse_loss(model(torch.cat(batches).to(ctx.device)), torch.cat(targets).to(ctx.device)
+                                 ).backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    # DDP-style: this rank's batch, then every gradient all-reduced over the trident group and averaged.
+    loss = torch.nn.functional.mse_loss(model(batches[ctx.rank].to(ctx.device)), targets[ctx.rank].to(ctx.device))
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad, group=g)
+        p.grad /= dist.get_world_size(g)
+    for got, ref in zip((p.grad for p in model.parameters()), want):
+        assert torch.allclose(got, ref, atol=1e-6, rtol=1e-5), (got - ref).abs().max()
 
 
 def test_ddp_style_gradient_all_reduce():
-    results = get_pool(2).run(_ddp_body)
-    assert results[0] == {"trident": 4, "fallback": 0}
+    assert _counts(_ddp_body) == {"trident": 4, "fallback": 0}
 
 
 def _mesh_body(ctx):

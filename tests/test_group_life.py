@@ -16,9 +16,9 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-import triton
 
 import trident
+from tests.helpers import wait_for_one_kernel
 from trident import ccl
 from trident.backends import interpreter_fixups
 from trident.testing import refusals
@@ -212,27 +212,22 @@ def test_errors_inside_a_group_name_the_world_rank_and_the_group_rank(pool2):
         assert message.startswith(f"rank {rank} (group rank {1 - rank} of [1, 0]): all_reduce"), message
 
 
-@triton.jit
-def _wait_here(flag_ptr, rank, heap_bases):
-    trident.wait(flag_ptr, 1, rank, rank, heap_bases)
-
-
 def _two_threads(ctx):
     flag = ctx.zeros(1, dtype=torch.int32)
     ctx.barrier()
     errors = []
-    first = threading.Thread(target=lambda: _wait_here[(1,)](flag, ctx.rank, ctx.heap_bases))
+    first = threading.Thread(target=lambda: wait_for_one_kernel[(1,)](flag, ctx.rank, ctx.heap_bases))
     first.start()
     deadline = time.monotonic() + 30
     while interpreter_fixups._running[0] is None and time.monotonic() < deadline:
         time.sleep(0.01)  # until the first thread's kernel runs (it spins on the flag)
     try:
-        _wait_here[(1,)](flag, ctx.rank, ctx.heap_bases)
+        wait_for_one_kernel[(1,)](flag, ctx.rank, ctx.heap_bases)
     except trident.TridentError as exc:
         errors.append(str(exc))
     flag.fill_(1)
     first.join(30)
-    _wait_here[(1,)](flag, ctx.rank, ctx.heap_bases)  # one at a time works again
+    wait_for_one_kernel[(1,)](flag, ctx.rank, ctx.heap_bases)  # one at a time works again
     return errors, first.is_alive()
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import get_pool
+from tests.helpers import assert_no_problems
 from trident import ccl
 from trident.ccl.api import INPUT_STAGE
 from trident.ccl.workspace import workspace
@@ -81,7 +82,7 @@ def _matches_body(ctx):
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4], ids=lambda w: f"{w}ranks")
 def test_matches_torch(world):
-    assert get_pool(world).run(_matches_body) == [[]] * world
+    assert_no_problems(get_pool(world), _matches_body)
 
 
 def _repeated_body(ctx):
@@ -104,7 +105,7 @@ def _repeated_body(ctx):
 
 
 def test_repeated_calls_on_the_same_buffers():
-    assert get_pool(2).run(_repeated_body) == [[]] * 2
+    assert_no_problems(get_pool(2), _repeated_body)
 
 
 def _placement_body(ctx):
@@ -128,7 +129,7 @@ def _placement_body(ctx):
 
 
 def test_ranks_place_x_differently():
-    assert get_pool(3).run(_placement_body) == [[]] * 3
+    assert_no_problems(get_pool(3), _placement_body)
 
 
 # -- fp8 output ------------------------------------------------------------------------------------------
@@ -166,7 +167,7 @@ def _fp8_problems(what, out, normed, s):
 
 
 def test_fp8_output():
-    assert get_pool(2).run(_fp8_body) == [[]] * 2
+    assert_no_problems(get_pool(2), _fp8_body)
 
 
 # -- the small-call path ----------------------------------------------------------------------------------
@@ -225,7 +226,7 @@ def _cached_body(ctx):
 
 
 def test_repeated_calls_take_the_small_call_path(pool2):
-    assert pool2.run(_cached_body) == [[]] * 2
+    assert_no_problems(pool2, _cached_body)
 
 
 def _fill_before(ctx, offset):
@@ -299,7 +300,7 @@ def _moved_body(ctx):
 
 
 def test_moved_stage_is_never_written(pool2):
-    assert pool2.run(_moved_body) == [[]] * 2
+    assert_no_problems(pool2, _moved_body)
 
 
 def _debug_body(ctx):
@@ -360,7 +361,7 @@ def _refusals_body(ctx):
 
 
 def test_bad_input_is_refused(pool2):
-    assert pool2.run(_refusals_body) == [[]] * 2
+    assert_no_problems(pool2, _refusals_body)
 
 
 
@@ -368,7 +369,7 @@ def test_bad_input_is_refused(pool2):
 
 COMPILE_CHILD = r'''
 import json
-from tests.sm90_harness import compile_ptx, with_ones
+from tests.sm90_harness import outcome, with_ones
 from trident.ops.rmsnorm.kernels import all_reduce_rmsnorm_kernel as kernel
 
 COMMON = {"weight_ptr": "*bf16", "h_ptr": "*bf16", "scale_value": "fp32", "tokens": "i32", "hidden": "i32",
@@ -396,20 +397,13 @@ for name, (xt, ot, residual, scale) in CASES.items():
         signature = {arg: signature[arg] for arg in kernel.arg_names}
         if ones:
             signature, constexprs = with_ones(signature, constexprs, ("rank", "world_size", "tokens", "hidden"))
-        key = f"{name}{'-ones' if ones else ''}"
-        try:
-            ptx = compile_ptx(kernel, signature, constexprs, num_warps=8)
-            results[key] = "ok" if scale is None or "e4m3" in ptx else "no fp8 conversion in the PTX"
-        except Exception as exc:
-            results[key] = f"{type(exc).__name__}: {exc}"[-1500:]
+        results[f"{name}{'-ones' if ones else ''}"] = outcome(kernel, signature, constexprs,
+                                                              None if scale is None else "e4m3", num_warps=8)
 print(json.dumps(results))
 '''
 
 
 def test_kernel_compiles_for_sm90(tmp_path):
-    from tests.sm90_harness import run_child
+    from tests.sm90_harness import assert_compiled
 
-    results = run_child(COMPILE_CHILD, tmp_path)
-    assert len(results) == 8
-    failed = {k: v for k, v in results.items() if v != "ok"}
-    assert not failed, failed
+    assert_compiled(COMPILE_CHILD, tmp_path, 8)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import get_pool
+from tests.helpers import assert_no_problems
 from trident import ccl
 from trident.errors import CapacityError
 from trident.ops.moe.dispatch_combine import moe_combine, moe_dispatch
@@ -167,7 +168,7 @@ def _cases_body(ctx):
 
 @pytest.mark.parametrize("world", [2, 3, 4], ids=lambda w: f"{w}ranks")
 def test_dispatch_and_combine_match_the_reference(world):
-    assert get_pool(world).run(_cases_body) == [[]] * world
+    assert_no_problems(get_pool(world), _cases_body)
 
 
 def _any_order_body(ctx, orders):
@@ -184,7 +185,7 @@ def _any_order_body(ctx, orders):
 
 @pytest.mark.skipif(not SIMULATOR, reason="the simulator runs a launch's programs in an order the test picks")
 def test_programs_in_any_order():
-    assert get_pool(2).run(_any_order_body, ("reversed", "shuffled")) == [[]] * 2
+    assert_no_problems(get_pool(2), _any_order_body, ("reversed", "shuffled"))
 
 
 def _repeated_body(ctx):
@@ -203,7 +204,7 @@ def _repeated_body(ctx):
 
 
 def test_repeated_calls():
-    assert get_pool(2).run(_repeated_body) == [[]] * 2
+    assert_no_problems(get_pool(2), _repeated_body)
 
 
 def _group_body(ctx):
@@ -222,7 +223,7 @@ def _group_body(ctx):
 
 
 def test_in_a_group():
-    assert get_pool(3).run(_group_body) == [[]] * 3
+    assert_no_problems(get_pool(3), _group_body)
 
 
 def _overflow_body(ctx):
@@ -252,7 +253,7 @@ def _overflow_body(ctx):
 
 
 def test_overflowing_capacity_is_a_clear_error():
-    assert get_pool(2).run(_overflow_body) == [[]] * 2
+    assert_no_problems(get_pool(2), _overflow_body)
 
 
 def _repeated_ids_body(ctx):
@@ -277,7 +278,7 @@ def _repeated_ids_body(ctx):
 
 
 def test_a_token_may_repeat_an_expert_id():
-    assert get_pool(2).run(_repeated_ids_body) == [[]] * 2
+    assert_no_problems(get_pool(2), _repeated_ids_body)
 
 
 def _refusals_body(ctx):
@@ -321,14 +322,14 @@ def _refusals_body(ctx):
 
 
 def test_bad_input_is_refused():
-    assert get_pool(2).run(_refusals_body) == [[]] * 2
+    assert_no_problems(get_pool(2), _refusals_body)
 
 
 # -- sm_90 ------------------------------------------------------------------------------------------------
 
 COMPILE_CHILD = r'''
 import json
-from tests.sm90_harness import compile_ptx, with_ones
+from tests.sm90_harness import outcome, with_ones
 from trident.ops.moe.kernels import moe_combine_kernel, moe_dispatch_kernel
 
 TEAM = {"sync_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64"}
@@ -346,11 +347,7 @@ def build(name, kernel, signature, meta, ones, check=None):
     sig = {a: ("constexpr" if a in meta else signature[a]) for a in kernel.arg_names}
     if ones:
         sig, meta = with_ones(sig, meta, ONES)
-    try:
-        ptx = compile_ptx(kernel, sig, meta, num_warps=8)
-        results[name + ("-ones" if ones else "")] = "ok" if check is None or check in ptx else f"no {check} in the PTX"
-    except Exception as exc:
-        results[name + ("-ones" if ones else "")] = f"{type(exc).__name__}: {exc}"[-1500:]
+    results[name + ("-ones" if ones else "")] = outcome(kernel, sig, meta, check, num_warps=8)
 
 
 results = {}
@@ -369,7 +366,6 @@ print(json.dumps(results))
 
 
 def test_kernels_compile_for_sm90(tmp_path):
-    from tests.sm90_harness import run_child
+    from tests.sm90_harness import assert_compiled
 
-    results = run_child(COMPILE_CHILD, tmp_path)
-    assert len(results) == 6 and set(results.values()) == {"ok"}, results
+    assert_compiled(COMPILE_CHILD, tmp_path, 6)

@@ -16,7 +16,6 @@ only ever waits on programs that started before it. Pinned here:
 
 import contextlib
 import dataclasses
-import math
 import random
 import types
 
@@ -26,12 +25,12 @@ import triton
 import triton.language as tl
 
 import trident.platform
+from tests.helpers import SMALL, relative_error
 from trident.device.leaves import now_ns
 from trident.ops import OPS, MatmulConfig
 from trident.ops.fused.call import FusedCall, split_roles
 from trident.platform import SIM_COMM_PROGRAMS, SIM_SM_COUNT, Platform
 
-SMALL = MatmulConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1)
 TOL = 5e-3  # fp16 inputs, fp32 accumulation
 
 
@@ -174,10 +173,6 @@ def _problem(ctx, op: str, seed: int):
     return lambda **kwargs: fn(ctx, *args, **kwargs), C, want
 
 
-def _err(got: torch.Tensor, want: torch.Tensor) -> float:
-    got = got.cpu().double()
-    return float((got - want).norm() / want.norm()) if torch.isfinite(got).all() else math.inf
-
 
 def _any_order_body(ctx, op, pattern, orders, grids):
     """Each grid in each run order, one call after another on the same sync block (a launch that
@@ -191,7 +186,7 @@ def _any_order_body(ctx, op, pattern, orders, grids):
             with _programs_run_in(order, rank_seed):
                 run(pattern=pattern, config=cfg, comm_programs=comm_programs)
             ctx.barrier()
-            errors.append((order, name, _err(C, want)))
+            errors.append((order, name, relative_error(C, want)))
     return errors
 
 
@@ -307,7 +302,7 @@ def _busy_rank_body(ctx, cases):
             run(pattern=pattern, config=SMALL)  # small tiles: many programs in each role
             torch.cuda.synchronize(ctx.device)  # the op and the busy kernel
             ctx.barrier()  # raises a wait that gave up on any rank
-            errors.append((f"busy rank {busy_rank}", op, pattern, _err(C, want)))
+            errors.append((f"busy rank {busy_rank}", op, pattern, relative_error(C, want)))
     return errors
 
 

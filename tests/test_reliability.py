@@ -9,6 +9,7 @@ import triton.language as tl
 
 import trident
 from tests.conftest import POOL_KWARGS
+from tests.helpers import wait_for_one_kernel
 from trident.testing import RankPool
 
 # -- heap exhaustion inside a collective leaves nothing pointing at freed memory ---------------
@@ -198,17 +199,12 @@ def test_ranks_disagreeing_on_world_size_fail_fast_even_with_a_long_timeout():
 # -- the simulator raises trident's own errors, not Triton's wrapped ones ------------------------
 
 
-@triton.jit
-def _wait_forever_kernel(flag_ptr, rank, heap_bases):
-    trident.wait(flag_ptr, 1, rank, rank, heap_bases)
-
-
 def _caught_timeout_body(ctx):
     flag = ctx.zeros(1, dtype=torch.int32)
     ctx.barrier()
     ctx.wait_timeout = 0.2
     try:
-        _wait_forever_kernel[(1,)](flag, ctx.rank, ctx.heap_bases)
+        wait_for_one_kernel[(1,)](flag, ctx.rank, ctx.heap_bases)
         ctx.check()
         caught = "no error"
     except trident.RankTimeoutError as exc:

@@ -3,12 +3,12 @@
 import threading
 import time
 
-import pytest
 import torch
 import triton
 import triton.language as tl
 
 import trident
+from tests.helpers import capture_graph, run_graph_test
 
 
 @triton.jit
@@ -272,11 +272,7 @@ def _graph_body(ctx, replays):
 
     step()  # compile outside the capture
     ctx.barrier()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph, stream=stream):
-            step()
+    graph = capture_graph(step)
     ctx.barrier()
     sums = []
     for r in range(replays):
@@ -290,8 +286,6 @@ def _graph_body(ctx, replays):
 
 
 def test_device_barrier_inside_a_cuda_graph(pool):
-    results = pool.run(_graph_body, 3)
-    if results[0] == "skipped":
-        pytest.skip("CUDA graphs need the cuda backend")
+    results = run_graph_test(pool, _graph_body, 3)
     world = len(results)
     assert results == [[sum(r * 10 + q for q in range(world)) for r in range(3)]] * world

@@ -18,29 +18,10 @@ CPU interpreter (the simulator), which must happen before any ``@triton.jit``.
 """
 
 # torch_ops and dist_backend register nothing on import: init() registers them (see below).
-from . import ccl, config, dist_backend, layout, platform, torch_ops, trace
-from .device import (
-    arrival_ticket,
-    atomic_add,
-    atomic_and,
-    atomic_cas,
-    atomic_max,
-    atomic_min,
-    atomic_or,
-    atomic_sub,
-    atomic_xchg,
-    atomic_xor,
-    control_block,
-    copy,
-    get,
-    load,
-    put,
-    signal,
-    store,
-    sync_ranks,
-    translate,
-    wait,
-)
+from . import ccl, config, device, dist_backend, layout, platform, torch_ops, trace
+
+# The device API (trident.load, trident.atomic_add, ...): what trident.device.__all__ lists, listed there only.
+from .device import *  # noqa: F403
 from .errors import (
     BackendUnavailableError,
     CapacityError,
@@ -85,9 +66,7 @@ init.__doc__ = (init.__doc__ or "") + "\n" + (_context.init.__doc__ or "")
 
 __all__ = [
     "init", "Context", "spawn", "config", "platform", "ccl", "trace", "torch_ops", "dist_backend",
-    "translate", "load", "store", "get", "put", "copy",
-    "atomic_add", "atomic_sub", "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor",
-    "atomic_min", "atomic_max", "atomic_cas", "signal", "wait", "sync_ranks", "arrival_ticket", "control_block",
+    *device.__all__,
     "TridentError", "BackendUnavailableError", "CapacityError", "ContextClosedError", "DeviceError", "DivergenceError",
     "ContextRefusedError", "HeapExhaustedError", "NotSymmetricError", "RankTimeoutError", "SpawnError", "TopologyError",
 ]

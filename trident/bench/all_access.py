@@ -31,20 +31,24 @@ import triton.language as tl
 
 import trident
 
-from ..platform import SIMULATOR
 from . import harness, plots
 from .p2p import fill_pattern
 
 
 @triton.jit
+def _peer_block(n, peers, rank, world_size, BLOCK: tl.constexpr):
+    """This program's ``(peer, offs, mask)``: program i serves peer ((rank + 1 + i % peers) % world),
+    block i // peers (the programs interleave the peers, so all links are busy at once)."""
+    pid = tl.program_id(0)
+    peer = (rank + 1 + pid % peers) % world_size
+    offs = (pid // peers).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return peer, offs, offs < n
+
+
+@triton.jit
 def all_load_kernel(x_ptr, y_ptr, n, peers, rank, world_size, heap_bases, BLOCK: tl.constexpr):
     """Program i copies block i // peers of peer ((rank + 1 + i % peers) % world)'s x into y[peer]."""
-    pid = tl.program_id(0)
-    which = pid % peers
-    block = (pid // peers).to(tl.int64)
-    peer = (rank + 1 + which) % world_size
-    offs = block * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+    peer, offs, mask = _peer_block(n, peers, rank, world_size, BLOCK)
     values = trident.load(x_ptr + offs, rank, peer, heap_bases, mask=mask)
     tl.store(y_ptr + tl.cast(peer, tl.int64) * n + offs, values, mask=mask)
 
@@ -52,12 +56,7 @@ def all_load_kernel(x_ptr, y_ptr, n, peers, rank, world_size, heap_bases, BLOCK:
 @triton.jit
 def all_store_kernel(x_ptr, y_ptr, n, peers, rank, world_size, heap_bases, BLOCK: tl.constexpr):
     """Program i copies block i // peers of my x into slot ``rank`` of peer ((rank + 1 + i % peers) % world)'s y."""
-    pid = tl.program_id(0)
-    which = pid % peers
-    block = (pid // peers).to(tl.int64)
-    peer = (rank + 1 + which) % world_size
-    offs = block * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+    peer, offs, mask = _peer_block(n, peers, rank, world_size, BLOCK)
     values = tl.load(x_ptr + offs, mask=mask)
     trident.store(y_ptr + tl.cast(rank, tl.int64) * n + offs, values, rank, peer, heap_bases, mask=mask)
 
@@ -82,8 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def sim_sizes(args) -> None:
     """Shrink a run for the simulator (Triton's interpreter): check the path, not the speed."""
-    args.max_bytes = min(args.max_bytes, 16 << 10)
-    args.min_bytes = min(args.min_bytes, args.max_bytes)
+    harness.cap_size_range(args, 16 << 10)
     args.factor = max(args.factor, 2)
     args.block, args.num_warps = min(args.block, 256), 4
     args.warmup, args.repeats = min(args.warmup, 1), min(args.repeats, 2)
@@ -143,7 +141,7 @@ def run(ctx, args) -> dict:
     with_nccl = not args.no_reference and ctx.platform.nccl_usable and w > 1 and dist.is_initialized()
     gathered = torch.empty(w * nmax, dtype=dtype, device=ctx.device) if with_nccl else None
     name = f"all-{args.mode}"
-    record = harness.new_record(ctx, name, {**{k: v for k, v in vars(args).items() if k != "no_progress"},
+    record = harness.new_record(ctx, name, {**harness.params(args),
                                             "peers_per_rank": peers, "sizes": sizes})
     record["references"] = {"copy_engine": not args.no_reference, "nccl_all_gather": with_nccl}
     if w == 1:
@@ -194,15 +192,15 @@ def report(record: dict, out: str) -> list[str]:
                                     what, fractions)])
 
 
-def main(argv=None) -> int:
-    """Run ``trident bench all-load|all-store`` on this rank; returns the exit code (1 if data was wrong)."""
-    args = parse_args(argv)
-    if SIMULATOR:
-        sim_sizes(args)
+def _heap(args) -> int:
     w = int(os.environ.get("WORLD_SIZE", "1"))  # the heap must be sized before init
     itemsize = torch.tensor([], dtype=getattr(torch, args.dtype)).element_size()
-    heap = harness.heap_for((w + 1) * args.max_bytes + 4 * args.block * itemsize)
-    record = harness.run_benchmark(args, run, report, heap)
+    return harness.heap_for((w + 1) * args.max_bytes + 4 * args.block * itemsize)
+
+
+def main(argv=None) -> int:
+    """Run ``trident bench all-load|all-store`` on this rank; returns the exit code (1 if data was wrong)."""
+    record = harness.bench_main(argv, parse_args, run, report, _heap, sim_sizes)
     return 0 if record["all_correct"] else 1
 
 

@@ -54,17 +54,14 @@ def _cases(ctx, nbytes: int, dtype: torch.dtype, with_nccl: bool):
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The benchmark's arguments (``trident bench ccl --help``)."""
-    parser = argparse.ArgumentParser(prog="trident bench ccl", description=__doc__)
-    harness.add_size_range_args(parser, 1 << 10, 1 << 30, what="message")
-    parser.add_argument("--dtype", default="bfloat16")
-    harness.add_common_args(parser, "ccl", warmup=5, repeats=20)
-    return parser.parse_args(argv)
+    return harness.message_size_parser("trident bench ccl", __doc__, "ccl", 1 << 30, warmup=5,
+                                       repeats=20).parse_args(argv)
 
 
 def sim_sizes(args) -> None:
     """The simulator runs tiny sizes: it checks the benchmark, not the speed."""
-    args.max_bytes, args.repeats, args.warmup = min(args.max_bytes, 1 << 14), 2, 1
-    args.min_bytes = min(args.min_bytes, args.max_bytes)
+    harness.cap_size_range(args, 1 << 14)
+    args.repeats, args.warmup = 2, 1
 
 
 def run(ctx, args) -> dict:
@@ -76,7 +73,7 @@ def run(ctx, args) -> dict:
     """
     dtype = getattr(torch, args.dtype)
     with_nccl = ctx.platform.nccl_usable
-    record = harness.new_record(ctx, "ccl", {k: v for k, v in vars(args).items() if k != "no_progress"})
+    record = harness.new_record(ctx, "ccl", harness.params(args))
     record["nccl_compared"] = with_nccl
     for size in harness.progress(harness.size_sweep(args.min_bytes, args.max_bytes, 4), ctx, args, "ccl"):
         cases, nbytes, keep = _cases(ctx, size, dtype, with_nccl)
@@ -101,11 +98,8 @@ def report(record: dict, out: str) -> list[str]:
 
 def main(argv=None) -> int:
     """Run ``trident bench ccl`` on this rank (started once per rank by ``trident bench``); returns 0."""
-    args = parse_args(argv)
-    if SIMULATOR:
-        sim_sizes(args)
-    heap = 64 << 20 if SIMULATOR else 8 * args.max_bytes + (256 << 20)
-    harness.run_benchmark(args, run, report, heap)
+    harness.bench_main(argv, parse_args, run, report,
+                       lambda args: 64 << 20 if SIMULATOR else 8 * args.max_bytes + (256 << 20), sim_sizes)
     return 0
 
 

@@ -24,7 +24,6 @@ import triton.language as tl
 
 import trident
 
-from ..platform import SIMULATOR
 from . import harness, plots
 
 
@@ -120,7 +119,7 @@ def run(ctx, args) -> dict:
     dtype = getattr(torch, args.dtype)
     sizes = [kib << 10 for kib in args.sizes_kib] if getattr(args, "sizes_kib", None) else \
         [mib << 20 for mib in args.sizes_mib]
-    record = harness.new_record(ctx, "device-api", {**{k: v for k, v in vars(args).items() if k != "no_progress"},
+    record = harness.new_record(ctx, "device-api", {**harness.params(args),
                                                     "sizes_bytes": sizes})
     for size in sizes:
         n = size // dtype.itemsize
@@ -160,15 +159,15 @@ def report(record: dict, out: str) -> list[str]:
                                   reference="plain copy", ratio="of")])
 
 
-def main(argv=None) -> int:
-    """Run ``trident bench device-api`` on this rank; returns the exit code (1 if a copy was wrong)."""
-    args = parse_args(argv)
-    if SIMULATOR:
-        sim_sizes(args)
+def _heap(args) -> int:
     dtype_bytes = torch.tensor([], dtype=getattr(torch, args.dtype)).element_size()
     biggest = (max(args.sizes_kib) << 10) if getattr(args, "sizes_kib", None) else (max(args.sizes_mib) << 20)
-    heap = harness.heap_for(2 * biggest + 8 * max(args.blocks) * dtype_bytes)
-    record = harness.run_benchmark(args, run, report, heap)
+    return harness.heap_for(2 * biggest + 8 * max(args.blocks) * dtype_bytes)
+
+
+def main(argv=None) -> int:
+    """Run ``trident bench device-api`` on this rank; returns the exit code (1 if a copy was wrong)."""
+    record = harness.bench_main(argv, parse_args, run, report, _heap, sim_sizes)
     return 0 if record["all_correct"] else 1
 
 

@@ -26,17 +26,14 @@ from . import harness
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The benchmark's arguments (``trident bench dist-backend --help``)."""
-    parser = argparse.ArgumentParser(prog="trident bench dist-backend", description=__doc__)
-    harness.add_size_range_args(parser, 1 << 10, 1 << 20, what="message")
-    parser.add_argument("--dtype", default="bfloat16")
-    harness.add_common_args(parser, "dist_backend", warmup=10, repeats=100)
-    return parser.parse_args(argv)
+    return harness.message_size_parser("trident bench dist-backend", __doc__, "dist_backend", 1 << 20, warmup=10,
+                                       repeats=100).parse_args(argv)
 
 
 def sim_sizes(args) -> None:
     """Tiny sizes: the simulator checks the benchmark and measures the Python layers only."""
-    args.max_bytes, args.repeats, args.warmup = min(args.max_bytes, 1 << 12), 20, 3
-    args.min_bytes = min(args.min_bytes, args.max_bytes)
+    harness.cap_size_range(args, 1 << 12)
+    args.repeats, args.warmup = 20, 3
 
 
 def run(ctx, args) -> dict:
@@ -49,7 +46,7 @@ def run(ctx, args) -> dict:
     dtype = getattr(torch, args.dtype)
     trident.dist_backend.reserve(ctx, groups=1, group_bytes=max(4 * args.max_bytes, 1 << 20))
     group = dist.new_group(list(range(ctx.world_size)), backend="trident")
-    record = harness.new_record(ctx, "dist_backend", {k: v for k, v in vars(args).items() if k != "no_progress"})
+    record = harness.new_record(ctx, "dist_backend", harness.params(args))
     record["nccl_compared"] = ctx.platform.nccl_usable
     try:
         for size in harness.progress(harness.size_sweep(args.min_bytes, args.max_bytes, 4), ctx, args, "dist"):
@@ -97,11 +94,8 @@ def report(record: dict, out: str) -> list[str]:
 
 def main(argv=None) -> int:
     """Run ``trident bench dist-backend`` on this rank (started once per rank by ``trident bench``); returns 0."""
-    args = parse_args(argv)
-    if SIMULATOR:
-        sim_sizes(args)
-    heap = 64 << 20 if SIMULATOR else 8 * args.max_bytes + (256 << 20)
-    harness.run_benchmark(args, run, report, heap)
+    harness.bench_main(argv, parse_args, run, report,
+                       lambda args: 64 << 20 if SIMULATOR else 8 * args.max_bytes + (256 << 20), sim_sizes)
     return 0
 
 

@@ -128,7 +128,7 @@ def run(ctx, args) -> dict:
         if best is not None and args.sweep:
             line += f" | best {best['tflops']:.0f} ({100 * best['vs_torch']:.1f}%) {best['config']}"
         print(line, flush=True)
-    record = harness.new_record(ctx, "gemm", {k: v for k, v in vars(args).items() if k != "no_progress"})
+    record = harness.new_record(ctx, "gemm", harness.params(args))
     record["rows"] = rows
     return record
 

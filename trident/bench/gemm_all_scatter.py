@@ -50,7 +50,7 @@ def run(ctx, args) -> dict:
               else SIM_SHAPES if ctx.platform.simulator else GPU_SHAPES)
     patterns = [p for p in args.patterns.split(",") if p]
     with_baseline = not ctx.platform.ranks_share_gpus  # the baseline's NCCL needs a GPU per rank
-    record = harness.new_record(ctx, "gemm-all-scatter", {k: v for k, v in vars(args).items() if k != "no_progress"})
+    record = harness.new_record(ctx, "gemm-all-scatter", harness.params(args))
     for M, N, K in shapes:
         if N % w:
             raise SystemExit(f"shape {M}x{N}x{K}: N must be divisible by the {w} ranks")

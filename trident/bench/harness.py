@@ -58,6 +58,18 @@ def add_common_args(parser: argparse.ArgumentParser, name: str, warmup: int = 3,
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def message_size_parser(prog: str, description: str | None, name: str, max_bytes: int,
+                        warmup: int, repeats: int) -> argparse.ArgumentParser:
+    """The parser of a benchmark that sweeps the message size of one collective call: ``--min-bytes``
+    (default 1K) and ``--max-bytes``, ``--dtype`` (default bfloat16) and :func:`add_common_args`'s;
+    e.g. ``message_size_parser("trident bench ccl", __doc__, "ccl", 1 << 30, 5, 20).parse_args(argv)``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_size_range_args(parser, 1 << 10, max_bytes, what="message")
+    parser.add_argument("--dtype", default="bfloat16")
+    add_common_args(parser, name, warmup=warmup, repeats=repeats)
+    return parser
+
+
 def add_size_range_args(parser: argparse.ArgumentParser, min_bytes: int, max_bytes: int, what: str = "size") -> None:
     """Add ``--min-bytes`` and ``--max-bytes`` (``4K``, ``1M``, ``2G`` accepted) to a benchmark's parser.
 
@@ -69,6 +81,13 @@ def add_size_range_args(parser: argparse.ArgumentParser, min_bytes: int, max_byt
                         help=f"smallest {what} (default {human_bytes(min_bytes)})")
     parser.add_argument("--max-bytes", type=parse_bytes, default=max_bytes,
                         help=f"largest {what} (default {human_bytes(max_bytes)})")
+
+
+def cap_size_range(args, max_bytes: int) -> None:
+    """Lower ``args.max_bytes`` to at most ``max_bytes`` (a simulator run), and ``args.min_bytes`` with it:
+    ``cap_size_range(args, 16 << 10)`` makes ``--min-bytes 64K --max-bytes 1G`` 16K..16K."""
+    args.max_bytes = min(args.max_bytes, max_bytes)
+    args.min_bytes = min(args.min_bytes, args.max_bytes)
 
 
 def time_ms(ctx, fn, warmup: int, repeats: int) -> float:
@@ -200,6 +219,12 @@ def metadata(ctx, argv=None) -> dict:
         "trident": trident.__version__, "python": pyplatform.python_version(), "heap_size": ctx.heap_size,
     }
     return meta
+
+
+def params(args) -> dict:
+    """A record's ``params``: the parsed arguments but ``no_progress`` (how a run is shown, not what it
+    measures), as in ``new_record(ctx, "ccl", params(args))``."""
+    return {k: v for k, v in vars(args).items() if k != "no_progress"}
 
 
 def new_record(ctx, benchmark: str, params: dict, argv=None) -> dict:
@@ -336,6 +361,23 @@ def run_benchmark(args, run, report, heap_size: int) -> dict:
     finally:
         ctx.close()
     return record
+
+
+def bench_main(argv, parse_args, run, report, heap, sim_sizes=None) -> dict:
+    """A benchmark module's ``main`` on this rank: ``args = parse_args(argv)``, ``sim_sizes(args)`` in
+    the simulator (if given), then :func:`run_benchmark` with ``run``, ``report`` and a heap of
+    ``heap(args)`` bytes (after ``sim_sizes``: the heap follows the sizes; or ``heap`` itself, an int).
+    Returns the record.
+
+    Example::
+
+        record = harness.bench_main(argv, parse_args, run, report, lambda args: heap_for(2 * args.bytes), sim_sizes)
+        return 0 if record["all_correct"] else 1
+    """
+    args = parse_args(argv)
+    if SIMULATOR and sim_sizes is not None:
+        sim_sizes(args)
+    return run_benchmark(args, run, report, heap if isinstance(heap, int) else heap(args))
 
 
 def heap_for(nbytes: int) -> int:

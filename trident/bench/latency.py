@@ -193,7 +193,7 @@ def run(ctx, args) -> dict:
 
         record = run(ctx, parse_args(["--max-bytes", "64K"]))
     """
-    record = harness.new_record(ctx, "latency", {k: v for k, v in vars(args).items() if k != "no_progress"})
+    record = harness.new_record(ctx, "latency", harness.params(args))
     record["mps"] = {"active": "CUDA_MPS_PIPE_DIRECTORY" in os.environ,
                      "sm_share_percent": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}
     cases, keep = _host_cases(ctx, small_only=args.small_only or ctx.platform.simulator)  # keep: heap tensors
@@ -323,10 +323,7 @@ def _host_panels(host: list[dict]) -> list[dict]:
 
 def main(argv=None) -> int:
     """Run ``trident bench latency`` on this rank (``trident bench latency -n N`` starts the ranks); returns 0."""
-    args = parse_args(argv)
-    if SIMULATOR:
-        sim_sizes(args)
-    harness.run_benchmark(args, run, report, (64 << 20) if SIMULATOR else (1 << 30))
+    harness.bench_main(argv, parse_args, run, report, (64 << 20) if SIMULATOR else (1 << 30), sim_sizes)
     return 0
 
 

@@ -172,7 +172,7 @@ def _presize(ctx, args) -> None:
 
 def run(ctx, args) -> dict:
     """Time every op of every model and token count (collective); returns the record on every rank."""
-    record = harness.new_record(ctx, "moe", {k: v for k, v in vars(args).items() if k != "no_progress"})
+    record = harness.new_record(ctx, "moe", harness.params(args))
     correct = True
     _presize(ctx, args)
     for model in args.models:
@@ -240,11 +240,8 @@ def report(record: dict, out: str) -> list[str]:
 
 def main(argv=None) -> int:
     """Run ``trident bench moe`` on this rank (``trident bench moe -n N`` starts the ranks); returns 0."""
-    args = parse_args(argv)
-    if SIMULATOR:
-        sim_sizes(args)
     world = int(os.environ.get("WORLD_SIZE", "1"))  # set by the launcher; trident.init comes after the heap size
-    harness.run_benchmark(args, run, report, heap_bytes(args, world))
+    harness.bench_main(argv, parse_args, run, report, lambda args: heap_bytes(args, world), sim_sizes)
     return 0
 
 

@@ -23,7 +23,6 @@ import triton.language as tl
 
 import trident
 
-from ..platform import SIMULATOR
 from . import harness, plots
 
 MEMORY_OPS = ("load", "store", "get", "put")
@@ -138,7 +137,7 @@ def run(ctx, args) -> dict:
     x, y = ctx.empty(n, dtype=dtype), ctx.empty(n, dtype=dtype)
     c = ctx.zeros(na, dtype=torch.int32)
     fill_pattern(x, ctx.rank)
-    record = harness.new_record(ctx, "p2p", {**{k: v for k, v in vars(args).items() if k != "no_progress"},
+    record = harness.new_record(ctx, "p2p", {**harness.params(args),
                                             "elements": n, "atomic_elements": na, "atomic_scope": "sys"})
     pairs = [(op, src, peer) for op in args.ops for src in range(ctx.world_size) for peer in range(ctx.world_size)]
     for op, src, peer in harness.progress(pairs, ctx, args, "p2p"):
@@ -168,14 +167,14 @@ def report(record: dict, out: str) -> list[str]:
                                 wrong="some measurements moved wrong data (see 'ok')")
 
 
+def _heap(args) -> int:
+    dtype_bytes = torch.tensor([], dtype=getattr(torch, args.dtype)).element_size()
+    return harness.heap_for(2 * args.bytes + 4 * args.atomic_elems + 8 * args.block * dtype_bytes)
+
+
 def main(argv=None) -> int:
     """Run ``trident bench p2p`` on this rank (started once per rank by ``trident bench``); returns the exit code."""
-    args = parse_args(argv)
-    if SIMULATOR:
-        sim_sizes(args)
-    dtype_bytes = torch.tensor([], dtype=getattr(torch, args.dtype)).element_size()
-    heap = 2 * args.bytes + 4 * args.atomic_elems + 8 * args.block * dtype_bytes
-    record = harness.run_benchmark(args, run, report, harness.heap_for(heap))
+    record = harness.bench_main(argv, parse_args, run, report, _heap, sim_sizes)
     return 0 if record["all_correct"] else 1
 
 

@@ -75,7 +75,7 @@ def run(ctx, args) -> dict:
     patterns = [p for p in (args.patterns or ",".join(OP_PATTERNS[args.op])).split(",") if p]
     with_baseline = not ctx.platform.ranks_share_gpus  # the baseline's NCCL needs a GPU per rank
     record = harness.new_record(ctx, args.op.replace("_", "-"),
-                                {k: v for k, v in vars(args).items() if k != "no_progress"})
+                                harness.params(args))
     for M, N, K in shapes:
         if M % ctx.world_size:
             raise SystemExit(f"shape {M}x{N}x{K}: M must be divisible by the {ctx.world_size} ranks")

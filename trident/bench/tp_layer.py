@@ -97,7 +97,7 @@ def _graph(fn, x, calls: int):
 def run(ctx, args) -> dict:
     """Time both layers for every model and token count (collective); returns the record on every rank."""
     dtype = torch.float32 if ctx.platform.simulator else torch.bfloat16
-    record = harness.new_record(ctx, "tp_layer", {k: v for k, v in vars(args).items() if k != "no_progress"})
+    record = harness.new_record(ctx, "tp_layer", harness.params(args))
     impls = ["trident"] + (["torch"] if ctx.platform.nccl_usable else [])
     for model in args.models:
         layer = Layer(ctx, model, dtype)
@@ -154,10 +154,7 @@ def report(record: dict, out: str) -> list[str]:
 
 def main(argv=None) -> int:
     """Run ``trident bench tp-layer`` on this rank (``trident bench tp-layer -n N`` starts the ranks); returns 0."""
-    args = parse_args(argv)
-    if SIMULATOR:
-        sim_sizes(args)
-    harness.run_benchmark(args, run, report, (64 << 20) if SIMULATOR else (16 << 30))
+    harness.bench_main(argv, parse_args, run, report, (64 << 20) if SIMULATOR else (16 << 30), sim_sizes)
     return 0
 
 

@@ -2,8 +2,9 @@
 
 An op call goes through three steps, each op supplying only what is its own:
 
-1. validate: the op's own argument check (built from :func:`check_fused_operands` and
-   :func:`check_pattern`), raised before anything runs, with the rank in the message;
+1. validate: the op's own argument check (built from :func:`check_gemm_call`, or from
+   :func:`check_fused_operands` and :func:`check_pattern`), raised before anything runs, with the
+   rank in the message;
 2. prepare: :func:`prepare_call` resolves ``auto``, picks the tile config and the number of
    communication programs, and returns a :class:`FusedCall` record;
 3. run: :meth:`FusedCall.run` calls the pattern's function from the op's :class:`OpSpec`.
@@ -147,6 +148,20 @@ class FusedCall:
         else:
             self.rec.launch(kernel, grid, args, constexprs, **options)
 
+    def launch_gemm(self, kernel, grid: tuple[int, ...], args: tuple, **constexprs) -> None:
+        """:meth:`launch` of a kernel that multiplies tiles: the tile config's ``BLOCK_M``, ``BLOCK_N``,
+        ``BLOCK_K``, ``GROUP_M``, ``num_warps`` and ``num_stages``, and :attr:`world_block`, go with
+        the kernel's own ``constexprs``.
+
+        Example::
+
+            call.launch_gemm(kernels.pull_kernel, (programs,), (a_local, B, C, ...), USE_TMA=False)
+        """
+        cfg = self.cfg
+        self.launch(kernel, grid, args, dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+                                             GROUP_M=cfg.GROUP_M, WORLD_BLOCK=self.world_block, **constexprs),
+                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         """``dst.copy_(src)``, recorded in :attr:`rec` (if any)."""
         return dst.copy_(src) if self.rec is None else self.rec.copy(dst, src)
@@ -196,7 +211,9 @@ def fused_op(spec: OpSpec, check, shape, across_nodes=None, refusal=None) -> Op:
         shape: ``shape(team, A, B, C)`` -> ``((M, N, K), size, empty)``: the GEMM this rank runs
             (its tile config is picked for it), the M*N*K ``auto`` looks up, and whether C is empty
             (nothing to do).
-        across_nodes: the pipeline's across-nodes hook, or None (the op refuses, with ``refusal(team)``).
+        across_nodes: ``across_nodes(team, tensors, options, op)``, the op across nodes given ``op``,
+            this record, to run over each node (:mod:`trident.ops.fused.multinode`); or None (the op
+            refuses, with ``refusal(team)``).
 
     Example::
 
@@ -223,8 +240,13 @@ def fused_op(spec: OpSpec, check, shape, across_nodes=None, refusal=None) -> Op:
         rec.rerun_with(lambda A, B, C: dataclasses.replace(decided, A=A, B=B, C=C).run())
         call.run()
 
-    return Op(spec.name, check=lambda team, t, o: check(team, *t, *o[:3]), run=run, across_nodes=across_nodes,
-              cacheable=lambda options: options[3] is None, refusal=refusal)
+    def run_across_nodes(team: Team, tensors: tuple, options: tuple):
+        return across_nodes(team, tensors, options, op)
+
+    op = Op(spec.name, check=lambda team, t, o: check(team, *t, *o[:3]), run=run,
+            across_nodes=None if across_nodes is None else run_across_nodes,
+            cacheable=lambda options: options[3] is None, refusal=refusal)
+    return op
 
 
 def split_roles(call: FusedCall, comm_work: int, other_work: int) -> tuple[int, int]:
@@ -268,6 +290,34 @@ def table_choice(table: AutoTable, gpu_name: str, world_size: int, mnk: int) -> 
                 if mnk >= threshold:
                     return pattern
     return "baseline"
+
+
+def check_gemm_call(ctx, spec: OpSpec, pattern: str, config, comm_programs, dims: tuple[str, str],
+                    symmetric: tuple[str, ...] = (), **tensors) -> str:
+    """The checks every fused GEMM op makes before anything runs: :func:`check_pattern`,
+    :func:`check_fused_operands`, and that A's columns match B's rows; returns the messages'
+    prefix, ``"rank r: <op>"``, for the op's own checks.
+
+    Args:
+        ctx, spec, pattern, config, comm_programs: the call's.
+        dims: A's and B's shapes as the op's docs write them (``("M x K", "K x N/world_size")``),
+            for the K mismatch message.
+        symmetric: the operands that must lie on the heap.
+        tensors: the operands A, B, C, in that order, by the op's names (``A=A, B_local=B, C=C``).
+
+    Example::
+
+        where = check_gemm_call(ctx, GEMM_ALL_SCATTER, pattern, config, comm_programs, ("M x K", "K x N/world_size"),
+                                ("C",), A=A, B_local=B_local, C=C)
+    """
+    where = f"{ctx.who()}: {spec.name}"
+    check_pattern(ctx, where, pattern, spec, comm_programs)
+    check_fused_operands(ctx, where, config, symmetric, **tensors)
+    (a_name, A), (b_name, B) = list(tensors.items())[:2]
+    if A.shape[1] != B.shape[0]:
+        raise ValueError(f"{where}: K mismatch: {a_name} is {tuple(A.shape)} ({dims[0]}) but {b_name} is "
+                         f"{tuple(B.shape)} ({dims[1]})")
+    return where
 
 
 def check_fused_operands(ctx, where: str, config, symmetric: tuple[str, ...] = (), **tensors) -> None:

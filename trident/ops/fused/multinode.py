@@ -41,24 +41,21 @@ def refuse(ctx, name: str):
         f"{', '.join(ACROSS_NODES)} (hierarchically; docs/multi-node.md)")
 
 
-def _parts(ctx, name: str):
-    h = ctx.hierarchy
-    h.require_regular(f"trident.ops.{name}")
-    return h.node, h.cross, len(h.topology.nodes), h.node.world_size
-
-
-def _check_2d(ctx, name: str, **tensors) -> None:
-    for key, t in tensors.items():
+def _begin(ctx, name: str, tensors: tuple, names: tuple[str, ...]) -> tuple[tuple, tuple]:
+    """What every op here starts with: ``(tensors, (node, cross, nodes, ranks per node))``, once each
+    tensor is 2-D (``names`` name them in the message) and the nodes have as many ranks each."""
+    for key, t in zip(names, tensors, strict=True):
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise ValueError(f"{ctx.who()}: {name}: {key} must be a 2-D tensor")
+    h = ctx.hierarchy
+    h.require_regular(f"trident.ops.{name}")
+    return tensors, (h.node, h.cross, len(h.topology.nodes), h.node.world_size)
 
 
 def gemm_reduce_scatter(ctx, tensors, options, fused) -> None:
     """``C = (sum over the world's ranks of A @ B)[my rows]``, hierarchically (see the module docstring);
     ``fused`` is the op's pipeline record, run over the node."""
-    A, B, C = tensors
-    _check_2d(ctx, "gemm_reduce_scatter", A=A, B=B, C=C)
-    node, cross, nodes, size = _parts(ctx, "gemm_reduce_scatter")
+    (A, B, C), (node, cross, nodes, size) = _begin(ctx, "gemm_reduce_scatter", tensors, ("A", "B", "C"))
     (M, K), cols = A.shape, B.shape[1]
     if M % ctx.world_size or C.shape != (M // ctx.world_size, cols):
         raise ValueError(f"{ctx.who()}: gemm_reduce_scatter: A has {M} rows and C shape {tuple(C.shape)}; "
@@ -81,9 +78,7 @@ def gemm_reduce_scatter(ctx, tensors, options, fused) -> None:
 def all_gather_gemm(ctx, tensors, options, fused) -> None:
     """``C = all_gather(A_local) @ B`` over the world's ranks, hierarchically (see the module docstring);
     ``fused`` is the op's pipeline record, run over the node."""
-    A_local, B, C = tensors
-    _check_2d(ctx, "all_gather_gemm", A_local=A_local, B=B, C=C)
-    node, cross, nodes, size = _parts(ctx, "all_gather_gemm")
+    (A_local, B, C), (node, cross, nodes, size) = _begin(ctx, "all_gather_gemm", tensors, ("A_local", "B", "C"))
     (m, K), cols = A_local.shape, B.shape[1]
     if C.shape != (ctx.world_size * m, cols):
         raise ValueError(f"{ctx.who()}: all_gather_gemm: C has shape {tuple(C.shape)}, expected "
@@ -106,9 +101,7 @@ def all_gather_gemm(ctx, tensors, options, fused) -> None:
 def gemm_all_reduce(ctx, tensors, options, fused) -> None:
     """``C = sum over the world's ranks of A @ B``, hierarchically (see the module docstring);
     ``fused`` is the op's pipeline record, run over the node."""
-    A, B, C = tensors
-    _check_2d(ctx, "gemm_all_reduce", A=A, B=B, C=C)
-    node, cross, _, size = _parts(ctx, "gemm_all_reduce")
+    (A, B, C), (node, cross, _, size) = _begin(ctx, "gemm_all_reduce", tensors, ("A", "B", "C"))
     run_call(node, fused, (A, B, C), options)  # the node's sum, on every rank of the node
     M, cols = C.shape
     if M % size or not C.is_contiguous():  # each local rank reduces all of C across nodes

@@ -25,7 +25,7 @@ from ...ccl.api import input_stage
 from ...runtime.groups import team
 from ..fused import multinode
 from ..fused.baselines import gather_into
-from ..fused.call import FusedCall, OpSpec, check_fused_operands, check_pattern, comm_span, fused_op, split_roles
+from ..fused.call import FusedCall, OpSpec, check_gemm_call, comm_span, fused_op, split_roles
 from ..gemm.matmul import MatmulConfig, launch_matmul, num_programs
 from . import all_gather_gemm_kernels as kernels
 
@@ -38,12 +38,8 @@ GPU_COMM_PROGRAMS = 16
 
 def _check_all_gather_gemm_args(ctx, A_local, B, C, pattern, config, comm_programs) -> None:
     """Every argument problem, raised before anything runs (the message names the rank)."""
-    where = f"{ctx.who()}: all_gather_gemm"
-    check_pattern(ctx, where, pattern, ALL_GATHER_GEMM, comm_programs)
-    check_fused_operands(ctx, where, config, A_local=A_local, B=B, C=C)
-    if A_local.shape[1] != B.shape[0]:
-        raise ValueError(f"{where}: K mismatch: A_local is {tuple(A_local.shape)} (M/world_size x K) but B is "
-                         f"{tuple(B.shape)} (K x N)")
+    where = check_gemm_call(ctx, ALL_GATHER_GEMM, pattern, config, comm_programs, ("M/world_size x K", "K x N"),
+                            A_local=A_local, B=B, C=C)
     want = (ctx.world_size * A_local.shape[0], B.shape[1])
     if tuple(C.shape) != want:
         raise ValueError(f"{where}: C is {tuple(C.shape)}; expected (world_size * A_local rows, N) = {want}")
@@ -78,45 +74,46 @@ def _bulk_synchronous(call: FusedCall) -> None:
     launch_matmul(a_full, call.B, call.C, call.cfg, call.trace_ptr, call.ctx.rank)
 
 
+def _row_blocks(call: FusedCall, a_local: torch.Tensor) -> int:
+    """The gathered A's row blocks (of ``BLOCK_M`` rows); C has as many rows of tiles."""
+    return call.ctx.world_size * triton.cdiv(a_local.shape[0], call.cfg.BLOCK_M)
+
+
+def _sizes(call: FusedCall, a_local: torch.Tensor) -> tuple[int, ...]:
+    """The kernels' size arguments: ``m, N, K`` and A_local's, B's and C's strides."""
+    (m, K), B, C = a_local.shape, call.B, call.C
+    return m, B.shape[1], K, a_local.stride(0), a_local.stride(1), B.stride(0), B.stride(1), C.stride(0)
+
+
 def _fused_sequential(call: FusedCall) -> None:
     """One persistent kernel; each tile reads its rows of A from their owner."""
-    ctx, cfg, B, C = call.ctx, call.cfg, call.B, call.C
+    ctx, cfg = call.ctx, call.cfg
     a_local = _staged_a_local(call)
-    m, K = a_local.shape
-    N = B.shape[1]
-    tiles = ctx.world_size * triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
-    call.launch(kernels.pull_kernel, (num_programs(ctx.platform, tiles, cfg),), (
-        a_local, B, C,
-        m, N, K,
-        a_local.stride(0), a_local.stride(1), B.stride(0), B.stride(1), C.stride(0),
+    tiles = _row_blocks(call, a_local) * triton.cdiv(call.B.shape[1], cfg.BLOCK_N)
+    call.launch_gemm(kernels.pull_kernel, (num_programs(ctx.platform, tiles, cfg),), (
+        a_local, call.B, call.C, *_sizes(call, a_local),
         call.sync(), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-    ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-            WORLD_BLOCK=call.world_block), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ))
 
 
 def _workgroup_specialized(call: FusedCall) -> None:
     """One kernel: gather programs copy A's row blocks and flag them, the others multiply."""
-    ctx, cfg, B, C = call.ctx, call.cfg, call.B, call.C
+    ctx, cfg = call.ctx, call.cfg
     a_local = _staged_a_local(call)
-    m, K = a_local.shape
-    N = B.shape[1]
-    tiles = ctx.world_size * triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
-    blocks = ctx.world_size * triton.cdiv(m, cfg.BLOCK_M)
+    blocks = _row_blocks(call, a_local)  # a flag each
+    tiles = blocks * triton.cdiv(call.B.shape[1], cfg.BLOCK_N)
     sync = call.sync(flags=blocks)
     # The GEMM programs wait for the gather programs of the same launch.
     gemm_programs, comm = split_roles(call, comm_work=blocks, other_work=tiles)
     a_full = _full_a(call)
     call.own(a_full)
-    call.launch(kernels.gather_gemm_kernel, (comm + gemm_programs,), (
-        a_local, a_full, B, C,
-        m, N, K,
-        a_local.stride(0), a_local.stride(1), B.stride(0), B.stride(1), C.stride(0),
+    call.launch_gemm(kernels.gather_gemm_kernel, (comm + gemm_programs,), (
+        a_local, a_full, call.B, call.C, *_sizes(call, a_local),
         comm,
         sync, call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-    ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-            WORLD_BLOCK=call.world_block), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ))
 
 
 def _baseline(call: FusedCall) -> None:
@@ -148,7 +145,7 @@ def _shape(team, A_local, B, C):
 #: The op as the call pipeline runs it.
 ALL_GATHER_GEMM_OP: Op = fused_op(
     ALL_GATHER_GEMM, lambda team, *args: _check_all_gather_gemm_args(team, *args), _shape,
-    across_nodes=lambda team, t, o: multinode.all_gather_gemm(team, t, o, ALL_GATHER_GEMM_OP))
+    across_nodes=multinode.all_gather_gemm)
 
 
 def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor, pattern: str = "auto",

@@ -35,9 +35,10 @@ from ...calls import Op, run_call
 from ...ccl import all_reduce
 from ...runtime.groups import team
 from ..fused import multinode
-from ..fused.call import FusedCall, OpSpec, comm_span, fused_op
+from ..fused.call import FusedCall, comm_span, fused_op
 from ..gemm.matmul import MatmulConfig
-from .gemm_reduce import GPU_COMM_PROGRAMS, check_partial_product_args, partial_product, push_and_sum, push_then_sum
+from .gemm_reduce import GPU_COMM_PROGRAMS as GPU_COMM_PROGRAMS  # the op's default, documented here too
+from .gemm_reduce import check_partial_product_args, partial_product, partial_product_spec
 
 #: ``auto``'s measured choices (docs/tensor-parallel-ops.md). Empty until several-GPU runs are
 #: recorded: ``auto`` runs ``baseline`` (``fused_sequential`` where ranks share a GPU).
@@ -52,30 +53,15 @@ def _bulk_synchronous(call: FusedCall) -> None:
     call.C.copy_(partial)
 
 
-def _fused_sequential(call: FusedCall) -> None:
-    """One kernel pushes every partial tile into every rank's slot; a local kernel sums my slots."""
-    push_then_sum(call, to_every_rank=True)
-
-
-def _workgroup_specialized(call: FusedCall) -> None:
-    """One kernel: GEMM programs push tiles to every rank and flag them there, reducer programs sum C's tiles."""
-    push_and_sum(call, to_every_rank=True)
-
-
 def _baseline(call: FusedCall) -> None:
     """torch.matmul into C, then torch.distributed's all-reduce of C."""
     torch.matmul(call.A, call.B, out=call.C)
     dist.all_reduce(call.C)
 
 
-#: The op: its patterns, ``auto`` table and communication programs.
-GEMM_ALL_REDUCE = OpSpec(
-    name="gemm_all_reduce",
-    patterns={"bulk_synchronous": _bulk_synchronous, "fused_sequential": _fused_sequential,
-              "workgroup_specialized": _workgroup_specialized, "baseline": _baseline},
-    auto_table=AUTO_TABLE,
-    gpu_comm_programs=lambda world_size: GPU_COMM_PROGRAMS,
-    replayable=frozenset({"fused_sequential", "workgroup_specialized"}))
+#: The op: its patterns (the fused ones push every partial tile to every rank), ``auto`` table and
+#: communication programs.
+GEMM_ALL_REDUCE = partial_product_spec("gemm_all_reduce", _bulk_synchronous, _baseline, AUTO_TABLE, to_every_rank=True)
 #: Every value of ``pattern``.
 PATTERNS = GEMM_ALL_REDUCE.pattern_names
 
@@ -90,8 +76,7 @@ def _shape(team, A, B, C):
 
 
 #: The op as the call pipeline runs it.
-GEMM_ALL_REDUCE_OP: Op = fused_op(GEMM_ALL_REDUCE, _check, _shape,
-                              across_nodes=lambda team, t, o: multinode.gemm_all_reduce(team, t, o, GEMM_ALL_REDUCE_OP))
+GEMM_ALL_REDUCE_OP: Op = fused_op(GEMM_ALL_REDUCE, _check, _shape, across_nodes=multinode.gemm_all_reduce)
 
 
 def gemm_all_reduce(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, pattern: str = "auto",

@@ -27,7 +27,7 @@ from ...calls import run_call
 from ...runtime.groups import team
 from ..fused import multinode
 from ..fused.baselines import gather_into
-from ..fused.call import FusedCall, OpSpec, check_fused_operands, check_pattern, fused_op, split_roles
+from ..fused.call import FusedCall, OpSpec, check_gemm_call, fused_op, split_roles
 from ..gemm.matmul import MatmulConfig, launch_matmul, num_programs, operands
 from . import gemm_all_scatter_kernels as kernels
 
@@ -52,12 +52,8 @@ def gpu_comm_programs(world_size: int) -> int:
 
 def _check_gemm_all_scatter_args(ctx, A, B_local, C, pattern, config, comm_programs) -> None:
     """Every argument problem, raised before anything runs (the message names the rank)."""
-    where = f"{ctx.who()}: gemm_all_scatter"
-    check_pattern(ctx, where, pattern, GEMM_ALL_SCATTER, comm_programs)
-    check_fused_operands(ctx, where, config, ("C",), A=A, B_local=B_local, C=C)
-    if A.shape[1] != B_local.shape[0]:
-        raise ValueError(f"{where}: K mismatch: A is {tuple(A.shape)} (M x K) but B_local is "
-                         f"{tuple(B_local.shape)} (K x N/world_size)")
+    where = check_gemm_call(ctx, GEMM_ALL_SCATTER, pattern, config, comm_programs, ("M x K", "K x N/world_size"),
+                            ("C",), A=A, B_local=B_local, C=C)
     w = ctx.world_size
     if C.shape[0] != A.shape[0] or C.shape[1] % w or C.shape[1] // w != B_local.shape[1]:
         raise ValueError(f"{where}: C is {tuple(C.shape)}; expected (M, world_size * N_local) = "
@@ -77,6 +73,13 @@ class _Block:
         rank = call.ctx.rank
         self.block = call.C[:, rank * self.n:(rank + 1) * self.n]  # my column block: same offsets on every rank
         self.tiles = triton.cdiv(self.M, call.cfg.BLOCK_M) * triton.cdiv(self.n, call.cfg.BLOCK_N)
+
+    def gemm_args(self, call: FusedCall) -> tuple[tuple, bool]:
+        """``(args, use_tma)``: the GEMM kernels' leading arguments (A and B as :func:`operands` gives
+        them, my block of C, its sizes and the three strides) and their ``USE_TMA``."""
+        a, b, use_tma = operands(call.A, call.B, call.cfg)
+        return (a, b, self.block, self.M, self.n, self.K, call.A.stride(0), call.A.stride(1),
+                call.B.stride(0), call.B.stride(1), self.block.stride(0)), use_tma
 
 
 def _scatter(call: FusedCall, s: _Block, sync: torch.Tensor, programs: int, wait_flags: bool) -> None:
@@ -101,38 +104,32 @@ def _bulk_synchronous(call: FusedCall) -> None:
 
 def _fused_sequential(call: FusedCall) -> None:
     """One persistent kernel: every tile into every rank's C as it is computed."""
-    s, cfg, ctx = _Block(call), call.cfg, call.ctx
-    a, b, use_tma = operands(call.A, call.B, cfg)
-    call.launch(kernels.fused_sequential_kernel, (num_programs(ctx.platform, s.tiles, cfg),), (
-        a, b, s.block,
-        s.M, s.n, s.K,
-        call.A.stride(0), call.A.stride(1), call.B.stride(0), call.B.stride(1), s.block.stride(0),
+    s, ctx = _Block(call), call.ctx
+    args, use_tma = s.gemm_args(call)
+    call.launch_gemm(kernels.fused_sequential_kernel, (num_programs(ctx.platform, s.tiles, call.cfg),), (
+        *args,
         call.sync(), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-    ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-            USE_TMA=use_tma, WORLD_BLOCK=call.world_block), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ), USE_TMA=use_tma)
 
 
 def _workgroup_specialized(call: FusedCall) -> None:
     """One kernel: GEMM programs release tile flags, communication programs acquire and scatter."""
-    s, cfg, ctx = _Block(call), call.cfg, call.ctx
-    a, b, use_tma = operands(call.A, call.B, cfg)
+    s, ctx = _Block(call), call.ctx
+    args, use_tma = s.gemm_args(call)
     gemm_programs, comm = split_roles(call, comm_work=s.tiles, other_work=s.tiles)
-    call.launch(kernels.workgroup_specialized_kernel, (gemm_programs + comm,), (
-        a, b, s.block,
-        s.M, s.n, s.K,
-        call.A.stride(0), call.A.stride(1), call.B.stride(0), call.B.stride(1), s.block.stride(0),
+    call.launch_gemm(kernels.workgroup_specialized_kernel, (gemm_programs + comm,), (
+        *args,
         gemm_programs,
         call.sync(flags=s.tiles), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-    ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-            USE_TMA=use_tma, WORLD_BLOCK=call.world_block), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ), USE_TMA=use_tma)
 
 
 def _producer_consumer(call: FusedCall) -> None:
     """The GEMM on this stream, the all-scatter on a second one at the same time, tile flags between."""
     s, cfg, ctx = _Block(call), call.cfg, call.ctx
-    a, b, use_tma = operands(call.A, call.B, cfg)
+    args, use_tma = s.gemm_args(call)
     gemm_programs, comm = split_roles(call, comm_work=s.tiles, other_work=s.tiles)
     sync = call.sync(flags=s.tiles)
     side = None if ctx.platform.simulator else ctx.resource("ops.side_stream", lambda: torch.cuda.Stream(ctx.device))
@@ -141,9 +138,7 @@ def _producer_consumer(call: FusedCall) -> None:
         # next: the two kernels then run side by side (the simulator runs them one after another).
         side.wait_stream(torch.cuda.current_stream(ctx.device))
     kernels.producer_kernel[(gemm_programs,)](
-        a, b, s.block,
-        s.M, s.n, s.K,
-        call.A.stride(0), call.A.stride(1), call.B.stride(0), call.B.stride(1), s.block.stride(0),
+        *args,
         sync, call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, USE_TMA=use_tma,

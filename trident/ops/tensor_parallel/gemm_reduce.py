@@ -11,20 +11,26 @@ one set of functions here, told which by ``to_every_rank``:
   (``workgroup_specialized``): the kernels of :mod:`trident.ops.tensor_parallel.gemm_reduce_kernels`, which
   store each partial tile into a slot of the rank that keeps its rows and sum the W slots there.
 
+:func:`partial_product_spec` makes either op's :class:`~trident.ops.fused.call.OpSpec` from its
+own ``bulk_synchronous`` and ``baseline``.
+
 Example::
 
-    def _fused_sequential(call):
-        push_then_sum(call, to_every_rank=True)   # gemm_all_reduce
+    GEMM_ALL_REDUCE = partial_product_spec("gemm_all_reduce", _bulk_synchronous, _baseline, AUTO_TABLE,
+                                           to_every_rank=True)
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import torch
 import triton
 
 from ...ccl.api import input_stage
 from ...runtime.resources import GrowingBuffer
-from ..fused.call import FusedCall, OpSpec, check_fused_operands, check_pattern, split_roles
+from ..fused.call import AutoTable, FusedCall, OpSpec, check_gemm_call, split_roles
 from ..gemm.matmul import launch_matmul, num_programs, operands
 from . import gemm_reduce_kernels as kernels
 
@@ -43,12 +49,7 @@ def check_partial_product_args(ctx, spec: OpSpec, A, B, C, pattern, config, comm
 
         check_partial_product_args(ctx, GEMM_REDUCE_SCATTER, A, B, C, pattern, None, None, rows_per_rank=True)
     """
-    where = f"{ctx.who()}: {spec.name}"
-    check_pattern(ctx, where, pattern, spec, comm_programs)
-    check_fused_operands(ctx, where, config, A=A, B=B, C=C)
-    if A.shape[1] != B.shape[0]:
-        raise ValueError(f"{where}: K mismatch: A is {tuple(A.shape)} (M x K_local) but B is {tuple(B.shape)} "
-                         f"(K_local x N)")
+    where = check_gemm_call(ctx, spec, pattern, config, comm_programs, ("M x K_local", "K_local x N"), A=A, B=B, C=C)
     w = ctx.world_size
     if rows_per_rank and A.shape[0] % w:
         raise ValueError(f"{where}: A has {A.shape[0]} rows; M must be divisible by world_size {w}")
@@ -102,13 +103,11 @@ def push_then_sum(call: FusedCall, to_every_rank: bool) -> None:
     a, b, use_tma = _operands(call)
     per_slot = triton.cdiv(rows, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
     computed = per_slot if to_every_rank else ctx.world_size * per_slot  # the tiles of my whole product
-    call.launch(kernels.push_kernel, (num_programs(ctx.platform, computed, cfg),), (
+    call.launch_gemm(kernels.push_kernel, (num_programs(ctx.platform, computed, cfg),), (
         a, b, slots, *_sizes(call, rows),
         call.sync(), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-    ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-            USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank, WORLD_BLOCK=call.world_block),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ), USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank)
     programs = max(1, min(triton.cdiv(rows * N, REDUCE_BLOCK), 4 * ctx.platform.sm_count))
     call.launch(kernels.reduce_slots_kernel, (programs,), (slots, call.C, rows, N, ctx.world_size),
                 dict(BLOCK=REDUCE_BLOCK), num_warps=4)
@@ -125,11 +124,36 @@ def push_and_sum(call: FusedCall, to_every_rank: bool) -> None:
     sync = call.sync(flags=ctx.world_size * per_slot)
     # The reducers wait for the GEMM programs of every rank's launch.
     gemm_programs, comm = split_roles(call, comm_work=per_slot, other_work=computed)
-    call.launch(kernels.push_reduce_kernel, (gemm_programs + comm,), (
+    call.launch_gemm(kernels.push_reduce_kernel, (gemm_programs + comm,), (
         a, b, slots, call.C, *_sizes(call, rows),
         gemm_programs,
         sync, call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-    ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
-            USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank, WORLD_BLOCK=call.world_block),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ), USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank)
+
+
+def partial_product_spec(name: str, bulk_synchronous: Callable[[FusedCall], None],
+                         baseline: Callable[[FusedCall], None], auto_table: AutoTable, to_every_rank: bool) -> OpSpec:
+    """The :class:`OpSpec` of a partial-product op: its own ``bulk_synchronous`` and ``baseline``,
+    and the fused patterns here (:func:`push_then_sum`, :func:`push_and_sum`) told ``to_every_rank``.
+
+    Args:
+        name: the op's name.
+        bulk_synchronous, baseline: the op's patterns of those names (a library collective, NCCL).
+        auto_table: the op's measured ``auto`` choices.
+        to_every_rank: every rank keeps all M rows of the sum (all-reduce), else only its own (reduce-scatter).
+
+    Example::
+
+        GEMM_REDUCE_SCATTER = partial_product_spec("gemm_reduce_scatter", _bulk_synchronous, _baseline,
+                                                   AUTO_TABLE, to_every_rank=False)
+    """
+    return OpSpec(
+        name=name,
+        patterns={"bulk_synchronous": bulk_synchronous,
+                  "fused_sequential": functools.partial(push_then_sum, to_every_rank=to_every_rank),
+                  "workgroup_specialized": functools.partial(push_and_sum, to_every_rank=to_every_rank),
+                  "baseline": baseline},
+        auto_table=auto_table,
+        gpu_comm_programs=lambda world_size: GPU_COMM_PROGRAMS,
+        replayable=frozenset({"fused_sequential", "workgroup_specialized"}))

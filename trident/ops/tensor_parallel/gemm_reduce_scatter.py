@@ -27,9 +27,10 @@ from ...ccl import reduce_scatter
 from ...runtime.groups import team
 from ..fused import multinode
 from ..fused.baselines import reduce_scatter_into
-from ..fused.call import FusedCall, OpSpec, comm_span, fused_op
+from ..fused.call import FusedCall, comm_span, fused_op
 from ..gemm.matmul import MatmulConfig
-from .gemm_reduce import GPU_COMM_PROGRAMS, check_partial_product_args, partial_product, push_and_sum, push_then_sum
+from .gemm_reduce import GPU_COMM_PROGRAMS as GPU_COMM_PROGRAMS  # the op's default, documented here too
+from .gemm_reduce import check_partial_product_args, partial_product, partial_product_spec
 
 #: ``auto``'s measured choices, as :data:`trident.ops.AUTO_TABLE` (docs/tensor-parallel-ops.md).
 #: Empty until several-GPU runs are recorded: ``auto`` runs ``baseline``.
@@ -43,29 +44,15 @@ def _bulk_synchronous(call: FusedCall) -> None:
         reduce_scatter(call.ctx, call.C, partial)
 
 
-def _fused_sequential(call: FusedCall) -> None:
-    """One kernel pushes every partial tile into its owner's slot; a local kernel sums my slots."""
-    push_then_sum(call, to_every_rank=False)
-
-
-def _workgroup_specialized(call: FusedCall) -> None:
-    """One kernel: GEMM programs push tiles and flag them at the owner, reducer programs sum my tiles."""
-    push_and_sum(call, to_every_rank=False)
-
-
 def _baseline(call: FusedCall) -> None:
     """torch.matmul, then torch.distributed's reduce-scatter."""
     reduce_scatter_into(call.C, torch.matmul(call.A, call.B))
 
 
-#: The op: its patterns, ``auto`` table and communication programs.
-GEMM_REDUCE_SCATTER = OpSpec(
-    name="gemm_reduce_scatter",
-    patterns={"bulk_synchronous": _bulk_synchronous, "fused_sequential": _fused_sequential,
-              "workgroup_specialized": _workgroup_specialized, "baseline": _baseline},
-    auto_table=AUTO_TABLE,
-    gpu_comm_programs=lambda world_size: GPU_COMM_PROGRAMS,
-    replayable=frozenset({"fused_sequential", "workgroup_specialized"}))
+#: The op: its patterns (the fused ones push each partial tile to the rank that keeps its rows),
+#: ``auto`` table and communication programs.
+GEMM_REDUCE_SCATTER = partial_product_spec("gemm_reduce_scatter", _bulk_synchronous, _baseline, AUTO_TABLE,
+                                           to_every_rank=False)
 #: Every value of ``pattern``.
 PATTERNS = GEMM_REDUCE_SCATTER.pattern_names
 
@@ -81,9 +68,7 @@ def _shape(team, A, B, C):
 
 
 #: The op as the call pipeline runs it.
-GEMM_REDUCE_SCATTER_OP: Op = fused_op(
-    GEMM_REDUCE_SCATTER, _check, _shape,
-    across_nodes=lambda team, t, o: multinode.gemm_reduce_scatter(team, t, o, GEMM_REDUCE_SCATTER_OP))
+GEMM_REDUCE_SCATTER_OP: Op = fused_op(GEMM_REDUCE_SCATTER, _check, _shape, across_nodes=multinode.gemm_reduce_scatter)
 
 
 def gemm_reduce_scatter(ctx, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, pattern: str = "auto",
