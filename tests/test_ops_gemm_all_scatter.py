@@ -136,6 +136,13 @@ def test_auto_takes_the_first_measured_rule_that_applies_else_baseline():
     assert table_choice(table, "NVIDIA H100 80GB HBM3", 4, 1) == "workgroup_specialized"
     assert all(p in ("bulk_synchronous", "producer_consumer", "fused_sequential", "workgroup_specialized")
                for rules in AUTO_TABLE.values() for _, p in rules)
+    from trident.ops import OPS
+    from trident.platform import Platform
+
+    one_h200 = Platform("cuda", torch.device("cuda", 0), 132, "NVIDIA H200", 1, 1)
+    eight_h200 = Platform("cuda", torch.device("cuda", 0), 132, "NVIDIA H200", 8, 8)
+    assert OPS["gemm_all_scatter"].choose(one_h200, 4096 ** 3) == "bulk_synchronous"  # measured: gas_1.json
+    assert OPS["gemm_all_scatter"].choose(eight_h200, 4096 ** 3) == "baseline"  # nothing measured across GPUs
 
 
 def test_default_comm_programs_follow_the_peers_each_tile_goes_to():

@@ -55,7 +55,7 @@ def choose_pattern(ctx, op: str, M: int, N: int, K: int) -> str:
 
     Example::
 
-        trident.ops.choose_pattern(ctx, "gemm_all_scatter", 8192, 4608, 36864)   # 'baseline' until measured
+        trident.ops.choose_pattern(ctx, "gemm_all_scatter", 8192, 4608, 36864)  # measured choice, else 'baseline'
     """
     if op not in OPS:
         raise ValueError(f"choose_pattern: op={op!r} is not one of {tuple(OPS)}")
