@@ -303,6 +303,7 @@ def test_latency_host_time_round_trip_and_small_collectives(pool2, tmp_path):
     assert {"empty triton launch", "torch x.add_(1)", "torch.matmul small", "all_reduce 1 KiB (heap)",
             "all_reduce 1 KiB (plain)", "all_to_all 1 KiB per peer", "device_barrier", "gemm_all_scatter small",
             "all_gather_gemm small", "gemm_reduce_scatter small"} <= set(host)
+    assert {name.split(" ")[0] for name, r in host.items() if r["group"] == "moe"} == {"moe_dispatch", "moe_combine"}
     assert ("nccl all_reduce 1 KiB" in host) is rec["performance_figure"]
     assert all(r["host_us"] > 0 and r["time_us"] > 0 for r in host.values())
     trips = {r["name"]: r["time_us"] for r in rec["rows"] if r["part"] == "round_trip"}
@@ -341,7 +342,8 @@ def test_moe_times_dispatch_and_combine(pool2, tmp_path):
                      for t in (4, 8)}
     assert {r["mode"] for r in rec["rows"]} == ({"eager"} if SIMULATOR else {"eager", "cuda graph"})
     assert all(r["time_us"] > 0 and r["gbps"] is not None for r in rec["rows"])
-    assert {os.path.basename(f) for f in files if f.endswith(".png")} == {"moe_4.png", "moe_8.png"}
+    assert all(r["floor_us"] > 0 and r["vs_floor"] == r["time_us"] / r["floor_us"] for r in rec["rows"])
+    assert {os.path.basename(f) for f in files if f.endswith(".png")} == {"moe_4.png", "moe_8.png", "moe_floor.png"}
 
 
 def test_moe_heap_bytes_follows_the_documented_formula_and_sizes_the_bench():

@@ -8,7 +8,7 @@ same run:
   for the device) and its device time, for every collective at 1 KiB (heap and plain tensors),
   ``ctx.device_barrier()`` and the three fused ops (a small and a 4096-class shape on a GPU),
   against an empty Triton launch, a torch op, ``torch.matmul`` and NCCL's all-reduce where NCCL
-  can run (one GPU per rank, world 1 included);
+  can run (one GPU per rank, world 1 included); and a decode-sized MoE dispatch and combine;
 * **round trip** (``part="round_trip"``): ranks 0 and 1 pass a flag back and forth ``--rounds``
   times in one kernel each, with ``trident.signal`` / ``trident.wait`` and with a bare reference
   (a release exchange, a volatile spin and one acquire read); the time per round trip;
@@ -143,7 +143,26 @@ def _host_cases(ctx, small_only: bool):
                    partial(trident.ops.gemm_all_reduce, ctx, A, B, C_gar, **fused)),
                   (f"all_reduce_rmsnorm {label}", "fused op",
                    partial(trident.ops.all_reduce_rmsnorm, ctx, x_norm, weight, residual=x_norm))]
-    return cases, keep
+    return cases + _moe_cases(ctx, dtype), keep
+
+
+def _moe_cases(ctx, dtype) -> list:
+    """A decode-sized MoE dispatch and combine (128 tokens per rank, 8 in the simulator; hidden 256,
+    top-2 of 4 experts per rank, ``max_tokens_per_rank`` given: no host sync)."""
+    tokens, hidden, k, experts = (8 if ctx.platform.simulator else 128), 256, 2, 4 * ctx.world_size
+    gen = torch.Generator().manual_seed(ctx.rank)
+    x = torch.randn(tokens, hidden, generator=gen).to(ctx.device, dtype)
+    idx = torch.rand(tokens, experts, generator=gen).topk(k, dim=1).indices.to(ctx.device)
+    weights = torch.rand(tokens, k, generator=gen).to(ctx.device)
+    dispatch = partial(trident.ops.moe_dispatch, ctx, x, idx, experts, max_tokens_per_rank=tokens)
+    latest: dict = {}
+
+    def combine():
+        if "d" not in latest:  # the combine needs the latest dispatch: one, at its first (warm-up) call
+            latest["d"] = dispatch()
+        return trident.ops.moe_combine(ctx, latest["d"].recv_x, weights, latest["d"])
+
+    return [(f"moe_dispatch {tokens} tokens", "moe", dispatch), (f"moe_combine {tokens} tokens", "moe", combine)]
 
 
 def _round_trips(ctx, args, record) -> None:
@@ -312,6 +331,8 @@ def _host_panels(host: list[dict]) -> list[dict]:
         elif r["group"] == "fused op":
             shape = r["name"].rsplit(" ", 1)[-1]
             out.append({**r, "family": f"fused ops, {shape} shape", "is_reference": False})
+        elif r["group"] == "moe":
+            out.append({**r, "family": "MoE dispatch and combine", "is_reference": False})
         elif r["name"].startswith("torch.matmul "):
             out.append({**r, "family": f"fused ops, {r['name'].rsplit(' ', 1)[-1]} shape", "is_reference": True})
         else:

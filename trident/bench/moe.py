@@ -13,7 +13,9 @@ the same run:
   and sums them at home with ``index_add_`` in fp32. Eager only: the host reads the counts, so it
   cannot be captured. The receiver does not regroup rows by expert (less work than trident's).
 
-Reported per row: device time (slowest rank), host time per call, and GB/s: the bytes moved, per
+Reported per row: device time (slowest rank), host time per call, the memory-bound floor (the
+fewest bytes the op reads and writes on a rank, at the bandwidth of a plain device copy measured in
+the same run) and the time over it, and GB/s: the bytes moved, per
 second, counted as DeepEP's tests count them: every routed (token, j) row (with its scales) that
 lands in a receive buffer, local rows included (so one rank reports GB/s too), averaged over
 ranks; the combine moves the same rows back. With ranks sharing a GPU (``--mps``) only trident is
@@ -107,12 +109,24 @@ def _graph(fn, calls: int):
     return graph
 
 
-def _time(ctx, args, fn, row: dict, moved_bytes: int, graph: bool) -> list[dict]:
-    """Rows for ``fn`` eagerly (and in a CUDA graph when ``graph``), timed on every rank at once."""
+def copy_bandwidth(ctx, args, nbytes: int) -> float:
+    """Bytes per second a plain device copy of ``nbytes`` moves (read plus write) on the slowest rank:
+    the memory bandwidth the floor is taken at, measured in the same run as the ops."""
+    src = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=ctx.device)
+    dst = torch.empty_like(src)
+    ctx.barrier()
+    t = harness.measure(ctx.platform.timing_device, lambda: dst.copy_(src), args.warmup, args.repeats)
+    return 2 * src.numel() / (harness.max_over_ranks(ctx, t.device_ms) * 1e-3)
+
+
+def _time(ctx, args, fn, row: dict, moved_bytes: int, graph: bool, floor: tuple[int, float]) -> list[dict]:
+    """Rows for ``fn`` eagerly (and in a CUDA graph when ``graph``), timed on every rank at once.
+    ``floor``: ``(the fewest bytes the op must read and write on this rank, the copy bandwidth)``."""
     ctx.barrier()
     t = harness.measure(ctx.platform.timing_device, fn, args.warmup, args.repeats)
     ctx.barrier()
     mean_bytes = sum(harness.all_values(ctx, moved_bytes)) / ctx.world_size
+    floor_us = max(harness.all_values(ctx, floor[0])) / floor[1] * 1e6
     rows = [{**row, "mode": "eager", "time_us": harness.max_over_ranks(ctx, t.device_ms) * 1e3,
              "host_us": harness.max_over_ranks(ctx, t.host_ms) * 1e3}]
     if graph:
@@ -124,6 +138,7 @@ def _time(ctx, args, fn, row: dict, moved_bytes: int, graph: bool) -> list[dict]
                      "time_us": harness.max_over_ranks(ctx, ms) * 1e3 / args.graph_calls})
     for r in rows:
         r["gbps"] = mean_bytes / (r["time_us"] * 1e-6) / 1e9 if r["time_us"] > 0 else None
+        r["floor_us"], r["vs_floor"] = floor_us, r["time_us"] / floor_us if floor_us > 0 else None
     return rows
 
 
@@ -134,26 +149,31 @@ def _case(ctx, args, model: str, tokens: int) -> tuple[list[dict], bool]:
     ops, graphs, rows = trident.ops, not ctx.platform.simulator, []
     routed = _routed_rows(idx)
     base = {"model": model, "tokens": tokens}
+    # The floor: the fewest bytes each op reads and writes (dispatch: its T rows in, every routed row out;
+    # combine: every routed row in, T rows out), at the bandwidth of a same-run copy of the routed rows.
+    bandwidth = copy_bandwidth(ctx, args, routed * hidden * 2)
     torch_path = TorchPath(ctx, experts) if ctx.platform.nccl_usable else None
     for dtype, xs, sc in (("fp8", x8, scales), ("bf16", x, None)):  # bf16 last: the combine uses its result
         row_bytes = hidden * xs.element_size() + (0 if sc is None else sc.shape[1] * 4)
         row = {**base, "op": "dispatch", "dtype": dtype}
+        floor = ((tokens + routed) * row_bytes, bandwidth)
         rows += _time(ctx, args, lambda xs=xs, sc=sc: ops.moe_dispatch(ctx, xs, idx, experts, x_scales=sc,
                                                                       max_tokens_per_rank=tokens),
-                      {**row, "impl": "trident"}, routed * row_bytes, graphs)
+                      {**row, "impl": "trident"}, routed * row_bytes, graphs, floor)
         if torch_path is not None:
             rows += _time(ctx, args, lambda xs=xs, sc=sc: torch_path.dispatch(xs, idx, sc), {**row, "impl": "torch"},
-                          routed * row_bytes, False)
+                          routed * row_bytes, False, floor)
     d = ops.moe_dispatch(ctx, x, idx, experts, max_tokens_per_rank=tokens)
     row = {**base, "op": "combine", "dtype": "bf16"}
+    floor = ((routed + tokens) * hidden * 2, bandwidth)
     rows += _time(ctx, args, lambda: ops.moe_combine(ctx, d.recv_x, weights, d), {**row, "impl": "trident"},
-                  routed * hidden * 2, graphs)
+                  routed * hidden * 2, graphs, floor)
     got = ops.moe_combine(ctx, d.recv_x, weights, d).float()  # identity experts: x times its weights' sum
     correct = bool(torch.allclose(got, x.float() * weights.sum(1, keepdim=True), rtol=3e-2, atol=3e-2))
     if torch_path is not None:
         expert_out = torch_path.dispatch(x, idx)
         rows += _time(ctx, args, lambda: torch_path.combine(expert_out, weights), {**row, "impl": "torch"},
-                      routed * hidden * 2, False)
+                      routed * hidden * 2, False, floor)
     return rows, all(harness.all_values(ctx, correct))
 
 
@@ -226,16 +246,22 @@ def report(record: dict, out: str) -> list[str]:
     """Write the JSON and the plot into ``out`` and print the table; returns the files written."""
     columns = [("model", "model", ""), ("tokens", "tokens", "d"), ("op", "op", ""), ("dtype", "dtype", ""),
                ("impl", "impl", ""), ("mode", "mode", ""), ("time_us", "device us", ".1f"),
-               ("host_us", "host us", ".1f"), ("gbps", "GB/s", ".1f"), ("speedup_vs_torch", "vs torch", ".2f")]
+               ("host_us", "host us", ".1f"), ("gbps", "GB/s", ".1f"), ("floor_us", "floor us", ".1f"),
+               ("vs_floor", "x floor", ".2f"), ("speedup_vs_torch", "vs torch", ".2f")]
     def plot(tokens):  # one figure per token count: decode and prefill times differ by orders of magnitude
         rows = {**record, "rows": [r for r in record["rows"] if r["tokens"] == tokens]}
         return plots.bars(rows, f"{out}/moe_{tokens}.png", "case", "series", "time_us", "device time (us)",
                           f"MoE dispatch and combine, {tokens} tokens per rank (dashed: the torch path)",
                           reference="torch eager", ratio="faster")
 
+    def floor_plot():  # every case against its memory-bound floor: the line at 1.0 is the floor itself
+        return plots.bars(record, f"{out}/moe_floor.png", "case", "series", "vs_floor", "time / memory-bound floor",
+                          "MoE dispatch and combine over their memory-bound floor (dashed: the floor)",
+                          reference=1.0)
+
     tokens = sorted({r["tokens"] for r in record["rows"]})
     return harness.write_report(record, out, columns, wrong="trident's combine gave a wrong result",
-                                plots=[lambda t=t: plot(t) for t in tokens])
+                                plots=[*(lambda t=t: plot(t) for t in tokens), floor_plot])
 
 
 def main(argv=None) -> int:
