@@ -70,11 +70,21 @@ def weights(world_size, rank, dtype, device):
     return full, {k: v.contiguous().to(device, dtype) for k, v in shard.items()}
 
 
-def decoder_layer(ctx, x, w):
-    """One rank's part of the layer (collective): ``x`` [T, H] in, the layer's output [T, H] out."""
+def decoder_layer(ctx, x, w, zero_copy=False):
+    """One rank's part of the layer (collective): ``x`` [T, H] in, the layer's output [T, H] out.
+
+    ``zero_copy``: the O projection's partial sums are written into a tensor made inside
+    ``ctx.heap_allocations()`` (on the symmetric heap), which the all-reduce reads in place instead
+    of staging a copy of a plain one (docs/pytorch.md, "Zero copy")."""
     heads, kv_heads = HEADS // ctx.world_size, KV_HEADS // ctx.world_size
     attn = attention(rmsnorm(x, w["ln1"]), w["qkv"], heads, kv_heads)
-    out, h = trident.ops.all_reduce_rmsnorm(ctx, attn @ w["o"], w["ln2"], residual=x)
+    if zero_copy:
+        with ctx.heap_allocations():
+            partial = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        torch.matmul(attn, w["o"], out=partial)
+    else:
+        partial = attn @ w["o"]
+    out, h = trident.ops.all_reduce_rmsnorm(ctx, partial, w["ln2"], residual=x)
     gate, up = (out @ w["gate_up"]).chunk(2, dim=-1)
     act = (F.silu(gate.float()) * up.float()).to(x.dtype).contiguous()
     mlp = torch.empty_like(x)
@@ -99,14 +109,15 @@ def main(tokens: str = "8") -> None:
         dtype = torch.float32 if ctx.platform.simulator else torch.bfloat16
         full, shard = weights(w, r, dtype, ctx.device)
         x = torch.randn(T, HIDDEN, generator=torch.Generator().manual_seed(1))
-        y = decoder_layer(ctx, x.to(ctx.device, dtype), shard)
         want = reference_layer(x.double(), full)
-        err = float((y.cpu().double() - want).norm() / want.norm())
-        ok = err < (1e-4 if dtype == torch.float32 else 3e-2)
-        print(f"rank {r}: tensor-parallel decoder layer, {T} tokens on {w} ranks: relative error {err:.1e} "
-              f"({'matches' if ok else 'WRONG'})")
-        if not ok:
-            raise SystemExit(f"rank {r}: relative error {err}")
+        for zero_copy in (False, True):
+            y = decoder_layer(ctx, x.to(ctx.device, dtype), shard, zero_copy)
+            err = float((y.cpu().double() - want).norm() / want.norm())
+            ok = err < (1e-4 if dtype == torch.float32 else 3e-2)
+            print(f"rank {r}: tensor-parallel decoder layer{' (zero copy)' if zero_copy else ''}, {T} tokens on "
+                  f"{w} ranks: relative error {err:.1e} ({'matches' if ok else 'WRONG'})")
+            if not ok:
+                raise SystemExit(f"rank {r}: relative error {err}")
 
 
 if __name__ == "__main__":

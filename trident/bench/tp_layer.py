@@ -7,6 +7,8 @@ row-parallel down projection. Its two all-reduces are, in the ``trident`` layer,
 the ``torch`` layer, ``torch.matmul`` + ``torch.distributed.all_reduce`` (NCCL) + torch ops. Sizes:
 Llama-3-70B or 8B split over the world size; tokens from decode (1-128) to prefill (2048, 8192).
 Each is timed eagerly and inside a CUDA graph (GPU), reporting device time and host time per call.
+``trident_zero_copy`` is the trident layer with its O projection written into a heap buffer made
+inside ``ctx.heap_allocations()`` (docs/pytorch.md, "Zero copy"), so its all-reduce stages nothing.
 The torch layer needs NCCL (a GPU per rank); with ranks sharing a GPU only trident's is timed.
 """
 
@@ -53,6 +55,7 @@ class Layer:
         self.ln2 = torch.ones(hidden, device=ctx.device, dtype=dtype)
         self.qkv, self.o = weight(hidden, q + 2 * kv), weight(q, hidden)
         self.gate_up, self.down = weight(hidden, 2 * ffn // w), weight(ffn // w, hidden)
+        self.partials: dict[int, torch.Tensor] = {}  # the zero-copy layer's heap buffers, by token count
 
     def _attention(self, x):
         T, hd = x.shape[0], self.head_dim
@@ -69,6 +72,20 @@ class Layer:
     def trident(self, x):
         """The layer with ``all_reduce_rmsnorm`` and ``gemm_all_reduce`` (collective)."""
         out, h = trident.ops.all_reduce_rmsnorm(self.ctx, self._attention(x) @ self.o, self.ln2, residual=x)
+        mlp = torch.empty_like(x)
+        trident.ops.gemm_all_reduce(self.ctx, self._mlp_input(out), self.down, mlp)
+        return h + mlp
+
+    def trident_zero_copy(self, x):
+        """The trident layer with the O projection written into a heap buffer (made once per token count
+        inside ``ctx.heap_allocations()``, as a serving stack keeps its activation buffers): the
+        all-reduce reads it in place, with no staging copy (collective)."""
+        T, hidden = x.shape
+        if T not in self.partials:
+            with self.ctx.heap_allocations():
+                self.partials[T] = torch.empty(T, hidden, device=x.device, dtype=x.dtype)
+        partial = torch.matmul(self._attention(x), self.o, out=self.partials[T])
+        out, h = trident.ops.all_reduce_rmsnorm(self.ctx, partial, self.ln2, residual=x)
         mlp = torch.empty_like(x)
         trident.ops.gemm_all_reduce(self.ctx, self._mlp_input(out), self.down, mlp)
         return h + mlp
@@ -98,11 +115,13 @@ def run(ctx, args) -> dict:
     """Time both layers for every model and token count (collective); returns the record on every rank."""
     dtype = torch.float32 if ctx.platform.simulator else torch.bfloat16
     record = harness.new_record(ctx, "tp_layer", harness.params(args))
-    impls = ["trident"] + (["torch"] if ctx.platform.nccl_usable else [])
+    impls = ["trident", "trident_zero_copy"] + (["torch"] if ctx.platform.nccl_usable else [])
     for model in args.models:
         layer = Layer(ctx, model, dtype)
         for tokens in harness.progress(args.tokens, ctx, args, model):
             x = torch.randn(tokens, MODELS[model][0], device=ctx.device, dtype=dtype)
+            same = torch.allclose(layer.trident(x).float(), layer.trident_zero_copy(x).float(), rtol=1e-3, atol=1e-3)
+            record["zero_copy_matches"] = record.get("zero_copy_matches", True) and all(harness.all_values(ctx, same))
             for impl in impls:
                 fn = getattr(layer, impl)
                 ctx.barrier()
