@@ -87,8 +87,8 @@ def _fused_sequential(call: FusedCall) -> None:
     tiles = ctx.world_size * triton.cdiv(m, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
     call.launch(kernels.pull_kernel, (num_programs(ctx.platform, tiles, cfg),), (
         a_local, B, C,
-        m, N, K,
-        a_local.stride(0), a_local.stride(1), B.stride(0), B.stride(1), C.stride(0),
+        (m, N, K),
+        (a_local.stride(0), a_local.stride(1), B.stride(0), B.stride(1), C.stride(0)),
         call.sync(), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
     ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
@@ -110,8 +110,8 @@ def _workgroup_specialized(call: FusedCall) -> None:
     call.own(a_full)
     call.launch(kernels.gather_gemm_kernel, (comm + gemm_programs,), (
         a_local, a_full, B, C,
-        m, N, K,
-        a_local.stride(0), a_local.stride(1), B.stride(0), B.stride(1), C.stride(0),
+        (m, N, K),
+        (a_local.stride(0), a_local.stride(1), B.stride(0), B.stride(1), C.stride(0)),
         comm,
         sync, call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,

@@ -105,8 +105,8 @@ def _fused_sequential(call: FusedCall) -> None:
     a, b, use_tma = operands(call.A, call.B, cfg)
     call.launch(kernels.fused_sequential_kernel, (num_programs(ctx.platform, s.tiles, cfg),), (
         a, b, s.block,
-        s.M, s.n, s.K,
-        call.A.stride(0), call.A.stride(1), call.B.stride(0), call.B.stride(1), s.block.stride(0),
+        (s.M, s.n, s.K),
+        (call.A.stride(0), call.A.stride(1), call.B.stride(0), call.B.stride(1), s.block.stride(0)),
         call.sync(), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
     ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
@@ -120,8 +120,8 @@ def _workgroup_specialized(call: FusedCall) -> None:
     gemm_programs, comm = split_roles(call, comm_work=s.tiles, other_work=s.tiles)
     call.launch(kernels.workgroup_specialized_kernel, (gemm_programs + comm,), (
         a, b, s.block,
-        s.M, s.n, s.K,
-        call.A.stride(0), call.A.stride(1), call.B.stride(0), call.B.stride(1), s.block.stride(0),
+        (s.M, s.n, s.K),
+        (call.A.stride(0), call.A.stride(1), call.B.stride(0), call.B.stride(1), s.block.stride(0)),
         gemm_programs,
         call.sync(flags=s.tiles), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
@@ -142,8 +142,8 @@ def _producer_consumer(call: FusedCall) -> None:
         side.wait_stream(torch.cuda.current_stream(ctx.device))
     kernels.producer_kernel[(gemm_programs,)](
         a, b, s.block,
-        s.M, s.n, s.K,
-        call.A.stride(0), call.A.stride(1), call.B.stride(0), call.B.stride(1), s.block.stride(0),
+        (s.M, s.n, s.K),
+        (call.A.stride(0), call.A.stride(1), call.B.stride(0), call.B.stride(1), s.block.stride(0)),
         sync, call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M, USE_TMA=use_tma,

@@ -88,10 +88,10 @@ def _operands(call: FusedCall):
     return operands(A, B, call.cfg) if A.shape[1] else (A, B, False)
 
 
-def _sizes(call: FusedCall, rows: int) -> tuple[int, ...]:
-    """The kernels' size arguments: ``rows, N, K`` and A's and B's strides."""
+def _sizes(call: FusedCall, rows: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The kernels' size arguments: ``(rows, N, K)`` and A's and B's strides."""
     A, B = call.A, call.B
-    return rows, B.shape[1], A.shape[1], A.stride(0), A.stride(1), B.stride(0), B.stride(1)
+    return (rows, B.shape[1], A.shape[1]), (A.stride(0), A.stride(1), B.stride(0), B.stride(1))
 
 
 def push_then_sum(call: FusedCall, to_every_rank: bool) -> None:
@@ -106,7 +106,7 @@ def push_then_sum(call: FusedCall, to_every_rank: bool) -> None:
         a, b, slots, *_sizes(call, rows),
         call.sync(), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-    ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+    ), dict(TILE=(cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, cfg.GROUP_M),
             USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank, WORLD_BLOCK=call.world_block),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     programs = max(1, min(triton.cdiv(rows * N, REDUCE_BLOCK), 4 * ctx.platform.sm_count))
@@ -130,6 +130,6 @@ def push_and_sum(call: FusedCall, to_every_rank: bool) -> None:
         gemm_programs,
         sync, call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-    ), dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+    ), dict(TILE=(cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, cfg.GROUP_M),
             USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank, WORLD_BLOCK=call.world_block),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
