@@ -12,10 +12,10 @@ and never reset between calls (:func:`sync_block`). Its layout (word indices)::
     READY_WORD + 2 * world_size + i   FLAGS[i]: tile (or row block) i of the running call is done
                                       when it holds the call's epoch
 
-Kernels take the block as one ``sync_ptr``; :func:`enter_call` makes the call's
-:class:`~trident.device.bundles.CallSync` (the block, the call's epoch, ``WORLD_BLOCK``), which the
-helpers below take with the kernel's :class:`~trident.device.bundles.Team`, and which finds the
-regions with :func:`ready_words`, :func:`arrived_words` and :func:`flag_words`. The handshake:
+Kernels take the block as one ``sync_ptr``. :func:`enter_call` returns the call's
+:class:`~trident.device.bundles.CallSync` (the block, the call's epoch, ``WORLD_BLOCK``); the helpers
+below take it with the kernel's :class:`~trident.device.bundles.Team` and find the regions with
+:func:`ready_words`, :func:`arrived_words` and :func:`flag_words`. The handshake:
 
 * :func:`enter_call`: every program reads the call's epoch (the last finished call's + 1) and
   takes an *arrival ticket* (0, 1, 2, ... in the order the programs start). The program with
