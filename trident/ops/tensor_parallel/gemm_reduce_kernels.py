@@ -197,9 +197,9 @@ def push_reduce_kernel(
     a_rows = rows if TO_EVERY_RANK else world_size * rows  # A: M rows, or every owner's m
     gemm = Gemm(a, b, (a_rows, shape[1], shape[2]), strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
     call, arrival = enter_call(sync_ptr, team, WORLD_BLOCK)
+    flags = flag_words(call, team)
     if arrival < gemm_programs:
         wait_peers_ready(call, team)
-        flags = flag_words(call, team)
         _push(arrival, gemm_programs, gemm, slots, rows, flags, call.epoch, trace_ptr, team, TO_EVERY_RANK)
     else:
         reduce_flagged_tiles(arrival - gemm_programs, tl.num_programs(0) - gemm_programs,
