@@ -106,6 +106,17 @@ def _push(first, step, gemm, slots, rows, flags_ptr, epoch, trace_ptr, team, TO_
 
 
 @triton.jit
+def _partial_product(a, b, shape, strides, world_size, TILE: tl.constexpr, USE_TMA: tl.constexpr,
+                     TO_EVERY_RANK: tl.constexpr):
+    """The :class:`~trident.device.bundles.Gemm` of my partial product, from the kernels' launch
+    arguments: A has ``rows`` rows (``shape = (rows, N, K)``) to every rank, else ``W * rows`` (every
+    owner's m); ``TILE = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)``."""
+    rows = shape[0]
+    a_rows = rows if TO_EVERY_RANK else world_size * rows
+    return Gemm(a, b, (a_rows, shape[1], shape[2]), strides, TILE[0], TILE[1], TILE[2], TILE[3], USE_TMA)
+
+
+@triton.jit
 def sum_slots(slots, c, offs, mask, m, N, world_size):
     """``sum over s of slots[s][offs]`` in fp32, stored into ``c + offs`` in C's dtype."""
     acc = tl.zeros(offs.shape, tl.float32)
@@ -125,14 +136,9 @@ def push_kernel(
         USE_TMA: tl.constexpr, TO_EVERY_RANK: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """fused_sequential: every tile of my partial product goes into ``slots[rank]`` of its owner
     (of every rank with ``TO_EVERY_RANK``)."""
-    BLOCK_M: tl.constexpr = TILE[0]
-    BLOCK_N: tl.constexpr = TILE[1]
-    BLOCK_K: tl.constexpr = TILE[2]
-    GROUP_M: tl.constexpr = TILE[3]
     team = Team(rank, world_size, heap_bases)
     rows = shape[0]
-    a_rows = rows if TO_EVERY_RANK else world_size * rows  # A: M rows, or every owner's m
-    gemm = Gemm(a, b, (a_rows, shape[1], shape[2]), strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
+    gemm = _partial_product(a, b, shape, strides, world_size, TILE, USE_TMA, TO_EVERY_RANK)
     call, _ = enter_call(sync_ptr, team, WORLD_BLOCK)
     wait_peers_ready(call, team)
     _push(tl.program_id(0), tl.num_programs(0), gemm, slots, rows,
@@ -188,14 +194,9 @@ def push_reduce_kernel(
     push tiles and flag them where they stored them; the later ones reduce each of my tiles once
     all W ranks have flagged it. Reducers wait only on GEMM programs: this rank's have all
     started, and no rank's GEMM programs wait on a reducer."""
-    BLOCK_M: tl.constexpr = TILE[0]
-    BLOCK_N: tl.constexpr = TILE[1]
-    BLOCK_K: tl.constexpr = TILE[2]
-    GROUP_M: tl.constexpr = TILE[3]
     team = Team(rank, world_size, heap_bases)
     rows = shape[0]
-    a_rows = rows if TO_EVERY_RANK else world_size * rows  # A: M rows, or every owner's m
-    gemm = Gemm(a, b, (a_rows, shape[1], shape[2]), strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
+    gemm = _partial_product(a, b, shape, strides, world_size, TILE, USE_TMA, TO_EVERY_RANK)
     call, arrival = enter_call(sync_ptr, team, WORLD_BLOCK)
     flags = flag_words(call, team)
     if arrival < gemm_programs:
@@ -205,5 +206,5 @@ def push_reduce_kernel(
         reduce_flagged_tiles(arrival - gemm_programs, tl.num_programs(0) - gemm_programs,
                              slots, c, rows, gemm.N,
                              call, trace_ptr, team,
-                             BLOCK_M, BLOCK_N, GROUP_M)
+                             gemm.BLOCK_M, gemm.BLOCK_N, gemm.GROUP_M)
     finish_call(call, team)
