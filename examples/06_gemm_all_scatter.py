@@ -26,6 +26,7 @@ import triton.language as tl
 
 import trident
 import trident.ops
+from trident.device.bundles import Gemm
 from trident.ops.gemm.tiles import tile_coords, tile_dot, tile_offsets
 
 
@@ -37,11 +38,14 @@ def gemm_all_scatter_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, 
     # offsets in every rank's C, so trident.store can put it at the same place everywhere.
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
+    # A and B with their sizes, strides and tiling, as one argument for tile_dot.
+    # False: plain pointers, any layout (True: TMA descriptors).
+    gemm = Gemm(a_ptr, b_ptr, (M, N, K), (stride_am, stride_ak, stride_bk, stride_bn), BLOCK_M, BLOCK_N, BLOCK_K,
+                GROUP_M, False)
     # Persistent: program p takes tiles p, p + P, p + 2P, ... (P programs, at most one per SM).
     for tile in range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = tile_dot(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                       BLOCK_M, BLOCK_N, BLOCK_K, False)  # False: plain pointers, any layout (True: TMA)
+        acc = tile_dot(gemm, pid_m, pid_n)
         values = acc.to(c_ptr.dtype.element_ty)
         offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
         # The scatter: starting with my own C, then the next ranks', so that ranks do not all

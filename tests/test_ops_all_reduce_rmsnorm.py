@@ -372,10 +372,9 @@ import json
 from tests.sm90_harness import outcome, with_ones
 from trident.ops.rmsnorm.kernels import all_reduce_rmsnorm_kernel as kernel
 
-COMMON = {"weight_ptr": "*bf16", "h_ptr": "*bf16", "scale_value": "fp32", "tokens": "i32", "hidden": "i32",
+COMMON = {"weight_ptr": "*bf16", "h_ptr": "*bf16", "scale_value": "fp32", "shape": ("i32", "i32"),
           "eps": "fp32", "sync_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64",
-          "FP8_OUT": "constexpr", "ROUND_FP8_IN_FP32": "constexpr", "STAGE": "constexpr", "BLOCK_H": "constexpr",
-          "WORLD_BLOCK": "constexpr"}
+          "ROUND_FP8_IN_FP32": "constexpr", "STAGE": "constexpr", "BLOCK_H": "constexpr", "WORLD_BLOCK": "constexpr"}
 CASES = {  # name: (x and residual, out, residual given, scale: None, "value" or "tensor")
     "bf16 residual": ("*bf16", "*bf16", True, None),
     "fp16 no residual": ("*fp16", "*fp16", False, None),
@@ -388,15 +387,17 @@ for name, (xt, ot, residual, scale) in CASES.items():
         signature = {**COMMON, "src_ptr": xt, "x_ptr": xt, "out_ptr": ot,
                      "residual_ptr": xt if residual else "constexpr",
                      "scale_ptr": "*fp32" if scale == "tensor" else "constexpr"}
-        constexprs = {"FP8_OUT": scale is not None, "ROUND_FP8_IN_FP32": False, "STAGE": ones,  # both ways
-                      "BLOCK_H": 4096, "WORLD_BLOCK": 8}
+        constexprs = {"ROUND_FP8_IN_FP32": False, "STAGE": ones, "BLOCK_H": 4096, "WORLD_BLOCK": 8}  # both ways
         if not residual:
             constexprs["residual_ptr"] = None
         if scale != "tensor":
             constexprs["scale_ptr"] = None
         signature = {arg: signature[arg] for arg in kernel.arg_names}
         if ones:
-            signature, constexprs = with_ones(signature, constexprs, ("rank", "world_size", "tokens", "hidden"))
+            signature, constexprs = with_ones(signature, constexprs, ("rank", "world_size"))
+            at = kernel.arg_names.index("shape")  # (tokens, hidden), both 1
+            signature["shape"] = ("constexpr", "constexpr")
+            constexprs.update({(at, 0): 1, (at, 1): 1})
         results[f"{name}{'-ones' if ones else ''}"] = outcome(kernel, signature, constexprs,
                                                               None if scale is None else "e4m3", num_warps=8)
 print(json.dumps(results))

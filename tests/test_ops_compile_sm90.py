@@ -11,15 +11,19 @@ from tests.sm90_harness import run_child
 CHILD = r'''
 import json
 from tests.sm90_harness import compile_ptx
-from trident.ops import all_gather_gemm_kernels as AG
-from trident.ops import gemm_all_scatter_kernels as G
-from trident.ops import gemm_reduce_kernels as R
+from trident.ops.tensor_parallel import all_gather_gemm_kernels as AG
+from trident.ops.tensor_parallel import gemm_all_scatter_kernels as G
+from trident.ops.tensor_parallel import gemm_reduce_kernels as R
 from trident.ops.gemm.matmul import matmul_kernel
 
 BM, BN, BK = 128, 128, 64
 TILE = {"BLOCK_M": BM, "BLOCK_N": BN, "GROUP_M": 8}
-SIZES = {"M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32",
-         "stride_bn": "i32", "stride_cm": "i32"}
+I32 = "i32"
+# Sizes and strides travel as tuples: (M, N, K) and the element strides (A's, B's, then C's).
+SHAPE = {"shape": (I32, I32, I32)}
+def strides(n):
+    return {"strides": (I32,) * n}
+SIZES = {**SHAPE, **strides(5)}  # A's, B's and C's row stride
 WORLD = {"rank": "i32", "world_size": "i32", "heap_bases": "*i64"}
 
 def sync(trace):
@@ -37,6 +41,7 @@ def ab(tma):
 def build(fn, sig, cst, warps=8, stages=3):
     cst = dict(nones(sig), **cst)
     sig = dict(sig, **{k: "constexpr" for k in cst})
+    sig = {arg: sig[arg] for arg in fn.arg_names}  # in the kernel's order
     return compile_ptx(fn, sig, cst, num_warps=warps, num_stages=stages)
 
 results = {}
@@ -48,8 +53,8 @@ def case(name, fn, sig, cst):
         results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-1500:]}
 
 def matmul_sig(cut, trace):
-    return {**SIZES, "stride_cn": "i32", "part_ptr": "*fp32" if cut else "constexpr",
-            "count_ptr": "*i32" if cut else "constexpr", "whole_tiles": "i32", "parts": "i32",
+    return {**SHAPE, **strides(6), "part_ptr": "*fp32" if cut else "constexpr",
+            "count_ptr": "*i32" if cut else "constexpr", "cut": (I32, I32),
             "trace_ptr": "*i64" if trace else "constexpr", "rank": "i32"}
 
 for tma in (True, False):
@@ -74,21 +79,19 @@ for wait in (True, False):
          {"c": "*bf16", "M": "i32", "N": "i32", "stride_cm": "i32", **sync(wait), **WORLD},
          dict(TILE, WORLD_BLOCK=8, WAIT_FLAGS=wait))
 # all_gather_gemm reads A through pointers (from peers, or from what the kernel gathered).
-agg = {"a_local": "*bf16", "b": "*bf16", "c": "*bf16", "m": "i32", "N": "i32", "K": "i32", "stride_am": "i32",
-       "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32", "stride_cm": "i32"}
+agg = {"a_local": "*bf16", "b": "*bf16", "c": "*bf16", **SIZES}
 case("all_gather_gemm pull tma=False", AG.pull_kernel, {**agg, **sync(False), **WORLD},
      dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
 case("all_gather_gemm gather tma=False", AG.gather_gemm_kernel,
-     {"a_local": "*bf16", "a_full": "*bf16", **{k: v for k, v in agg.items() if k != "a_local"},
-      "gather_programs": "i32", **sync(True), **WORLD},
+     {**agg, "a_full": "*bf16", "gather_programs": "i32", **sync(True), **WORLD},
      dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
 # gemm_reduce_scatter pushes each tile to its owner, gemm_all_reduce to every rank (TO_EVERY_RANK).
+# Their tile config is one constexpr tuple (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M).
 for to_every_rank, op in ((False, "gemm_reduce_scatter"), (True, "gemm_all_reduce")):
     for tma in (True, False):
         operands = {"a": ab(tma)["a"], "b": ab(tma)["b"], "slots": "*bf16"}
-        sizes = {"rows": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32",
-                 "stride_bn": "i32"}
-        meta = dict(TILE, BLOCK_K=BK, USE_TMA=tma, TO_EVERY_RANK=to_every_rank, WORLD_BLOCK=8)
+        sizes = {**SHAPE, **strides(4)}
+        meta = dict(TILE=(BM, BN, BK, 8), USE_TMA=tma, TO_EVERY_RANK=to_every_rank, WORLD_BLOCK=8)
         case(f"{op} push tma={tma}", R.push_kernel, {**operands, **sizes, **sync(False), **WORLD}, meta)
         case(f"{op} push_reduce tma={tma}", R.push_reduce_kernel,
              {**operands, "c": "*bf16", **sizes, "gemm_programs": "i32", **sync(tma), **WORLD}, meta)

@@ -75,7 +75,7 @@ def _repeat_body(ctx):
 
     from trident.ops import matmul
 
-    prepared = importlib.import_module("trident.ops.matmul")._PREPARED
+    prepared = importlib.import_module("trident.ops.gemm.matmul")._PREPARED
     prepared.clear()  # earlier tests in this rank process may have made these signatures
     gen = torch.Generator().manual_seed(11 + ctx.rank)
     errors, added = [], []

@@ -333,17 +333,27 @@ from tests.sm90_harness import outcome, with_ones
 from trident.ops.moe.kernels import moe_combine_kernel, moe_dispatch_kernel
 
 TEAM = {"sync_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64"}
-DISPATCH = {**TEAM, "x_ptr": "*i32", "topk_ptr": "*i64", "tokens": "i32", "recv_x_ptr": "*i32",
-            "recv_src_ptr": "*i64", "recv_j_ptr": "*i32", "counts_ptr": "*i32", "local_ptr": "*i32",
-            "offsets_ptr": "*i32", "recv_counts_ptr": "*i32", "status_ptr": "*i64", "row_words": "i32",
-            "scale_words": "i32", "k": "i32", "experts_local": "i32", "max_tokens": "i32", "capacity": "i32"}
+DISPATCH = {**TEAM, "x_ptr": "*i32", "topk_ptr": "*i64", "recv_x_ptr": "*i32", "recv_src_ptr": "*i64",
+            "recv_j_ptr": "*i32", "counts_ptr": "*i32", "local_ptr": "*i32", "status_ptr": "*i64"}
+DISPATCH_SIZES = ("tokens", "row_words", "scale_words", "k", "experts_local", "max_tokens", "capacity")
 COMBINE = {**TEAM, "expert_ptr": "*bf16", "staging_ptr": "*bf16", "out_ptr": "*bf16", "weights_ptr": "*fp32",
-           "topk_ptr": "*i64", "tokens": "i32", "recv_src_ptr": "*i64", "recv_j_ptr": "*i32", "status_ptr": "*i64",
-           "hidden": "i32", "k": "i32", "experts": "i32", "max_tokens": "i32", "capacity": "i32", "pushers": "i32"}
+           "topk_ptr": "*i64", "recv_src_ptr": "*i64", "recv_j_ptr": "*i32", "status_ptr": "*i64"}
+COMBINE_SIZES = ("tokens", "hidden", "k", "experts", "max_tokens", "capacity", "pushers")
 ONES = ("rank", "world_size", "tokens", "k", "experts_local", "max_tokens", "pushers")  # Triton's 1-specialisation
 
 
-def build(name, kernel, signature, meta, ones, check=None):
+def build(name, kernel, signature, sizes, meta, ones, check=None):
+    """``sizes`` name the elements of the kernel's ``sizes`` tuple (i32; constants of 1 with ``ones``)."""
+    meta = dict(meta)
+    at = kernel.arg_names.index("sizes")
+    types = []
+    for i, size in enumerate(sizes):
+        if ones and size in ONES:
+            types.append("constexpr")
+            meta[(at, i)] = 1
+        else:
+            types.append("i32")
+    signature = {**signature, "sizes": tuple(types)}
     sig = {a: ("constexpr" if a in meta else signature[a]) for a in kernel.arg_names}
     if ones:
         sig, meta = with_ones(sig, meta, ONES)
@@ -354,13 +364,13 @@ results = {}
 for ones in (False, True):
     for fp8 in (False, True):
         scale = "*fp32" if fp8 else "constexpr"
-        meta = {"E_BLOCK": 256, "K_BLOCK": 8, "CHUNK": 1024, "BLOCK_R": 1024, "BLOCK_S": 64, "REPORT": True,
-                "WORLD_BLOCK": 8}
+        meta = {"BLOCKS": (256, 8, 1024, 1024, 64), "REPORT": True, "WORLD_BLOCK": 8}
         if not fp8:
             meta.update(scales_ptr=None, recv_scales_ptr=None)
         build(f"dispatch fp8={fp8}", moe_dispatch_kernel, {**DISPATCH, "scales_ptr": scale, "recv_scales_ptr": scale},
-              meta, ones, "atom")
-    build("combine", moe_combine_kernel, COMBINE, {"K_BLOCK": 8, "BLOCK_H": 1024, "WORLD_BLOCK": 8}, ones)
+              DISPATCH_SIZES, meta, ones, "atom")
+    build("combine", moe_combine_kernel, COMBINE, COMBINE_SIZES, {"K_BLOCK": 8, "BLOCK_H": 1024, "WORLD_BLOCK": 8},
+          ones)
 print(json.dumps(results))
 '''
 

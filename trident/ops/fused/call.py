@@ -148,18 +148,21 @@ class FusedCall:
         else:
             self.rec.launch(kernel, grid, args, constexprs, **options)
 
-    def launch_gemm(self, kernel, grid: tuple[int, ...], args: tuple, **constexprs) -> None:
+    def launch_gemm(self, kernel, grid: tuple[int, ...], args: tuple, tile_as_tuple: bool = False,
+                    **constexprs) -> None:
         """:meth:`launch` of a kernel that multiplies tiles: the tile config's ``BLOCK_M``, ``BLOCK_N``,
-        ``BLOCK_K``, ``GROUP_M``, ``num_warps`` and ``num_stages``, and :attr:`world_block`, go with
-        the kernel's own ``constexprs``.
+        ``BLOCK_K``, ``GROUP_M`` (or, ``tile_as_tuple``, one ``TILE`` of the four), ``num_warps`` and
+        ``num_stages``, and :attr:`world_block`, go with the kernel's own ``constexprs``.
 
         Example::
 
             call.launch_gemm(kernels.pull_kernel, (programs,), (a_local, B, C, ...), USE_TMA=False)
         """
         cfg = self.cfg
-        self.launch(kernel, grid, args, dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-                                             GROUP_M=cfg.GROUP_M, WORLD_BLOCK=self.world_block, **constexprs),
+        tile = (cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, cfg.GROUP_M)
+        tiling = dict(TILE=tile) if tile_as_tuple else dict(BLOCK_M=tile[0], BLOCK_N=tile[1], BLOCK_K=tile[2],
+                                                             GROUP_M=tile[3])
+        self.launch(kernel, grid, args, dict(**tiling, WORLD_BLOCK=self.world_block, **constexprs),
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:

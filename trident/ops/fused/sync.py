@@ -12,8 +12,10 @@ and never reset between calls (:func:`sync_block`). Its layout (word indices)::
     READY_WORD + 2 * world_size + i   FLAGS[i]: tile (or row block) i of the running call is done
                                       when it holds the call's epoch
 
-Kernels take the block as one ``sync_ptr`` and find the regions with :func:`ready_words`,
-:func:`arrived_words` and :func:`flag_words`. The handshake:
+Kernels take the block as one ``sync_ptr``. :func:`enter_call` returns the call's
+:class:`~trident.device.bundles.CallSync` (the block, the call's epoch, ``WORLD_BLOCK``); the helpers
+below take it with the kernel's :class:`~trident.device.bundles.Team` and find the regions with
+:func:`ready_words`, :func:`arrived_words` and :func:`flag_words`. The handshake:
 
 * :func:`enter_call`: every program reads the call's epoch (the last finished call's + 1) and
   takes an *arrival ticket* (0, 1, 2, ... in the order the programs start). The program with
@@ -58,6 +60,7 @@ import triton
 import triton.language as tl
 
 from ...device import arrival_ticket, signal, wait
+from ...device.bundles import CallSync
 from ...runtime.resources import GrowingBuffer
 from ...runtime.team import Team
 
@@ -103,91 +106,98 @@ def sync_block(ctx: Team, flags: int = 0) -> torch.Tensor:
 
 
 @triton.jit
-def ready_words(sync_ptr):
+def ready_words(call):
     """``READY[0 .. world_size - 1]``: ``READY[p]`` is the last call rank ``p`` has entered."""
-    return sync_ptr + _READY
+    return call.sync_ptr + _READY
 
 
 @triton.jit
-def arrived_words(sync_ptr, world_size):
+def arrived_words(call, team):
     """``ARRIVED[0 .. world_size - 1]``: ``ARRIVED[p]`` is the last call rank ``p`` is done with this rank in."""
-    return sync_ptr + _READY + world_size
+    return call.sync_ptr + _READY + team.world_size
 
 
 @triton.jit
-def flag_words(sync_ptr, world_size):
+def flag_words(call, team):
     """The tile flags: ``FLAGS[i]`` holds the call's epoch once tile (or row block) ``i`` is done.
 
     Example::
 
-        flags = flag_words(sync_ptr, world_size)
-        signal(flags + tile, epoch, rank, rank, heap_bases, scope="gpu")
+        flags = flag_words(call, team)
+        signal(flags + tile, call.epoch, team.rank, team.rank, team.heap_bases, scope="gpu")
     """
-    return sync_ptr + _READY + 2 * world_size
+    return call.sync_ptr + _READY + 2 * team.world_size
 
 
 @triton.jit
 def call_epoch(sync_ptr):
     """The epoch of the call in progress (the last finished call's + 1), without entering the call:
-    for a kernel that only signals local flags while another kernel of the call does the handshake."""
+    for a kernel that only signals local flags while another kernel of the call does the handshake.
+
+    Example::
+
+        call = CallSync(sync_ptr, call_epoch(sync_ptr), WORLD_BLOCK)   # the call, not entered
+    """
     return tl.load(sync_ptr + _EPOCH) + 1
 
 
 @triton.jit
-def enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
-    """``(epoch, arrival)``: this call's epoch (1, 2, ...) and this program's arrival ticket (0, 1,
-    ... in the order the launch's programs start). The first program to start (arrival 0) also
-    releases ``READY[rank] = epoch`` at every peer.
+def enter_call(sync_ptr, team, WORLD_BLOCK: tl.constexpr):
+    """``(call, arrival)``: the call's :class:`~trident.device.bundles.CallSync` (its epoch: 1, 2, ...)
+    and this program's arrival ticket (0, 1, ... in the order the launch's programs start). The
+    first program to start (arrival 0) also releases ``READY[rank] = epoch`` at every peer.
 
     A kernel whose programs wait on each other takes their roles from ``arrival`` (the role that
     waits on none of them first), never from ``tl.program_id``: see the module doc.
 
     Example::
 
-        epoch, arrival = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
+        team = Team(rank, world_size, heap_bases)
+        call, arrival = enter_call(sync_ptr, team, WORLD_BLOCK)
         if arrival < producers:   # the producers start first: whoever waits on them started later
             ...
     """
-    epoch = call_epoch(sync_ptr)
+    call = CallSync(sync_ptr, call_epoch(sync_ptr), WORLD_BLOCK)
     arrival = arrival_ticket(sync_ptr + _ARRIVAL)  # int32: it takes a program id's place (TMA coordinates)
     if arrival == 0:
         peers = tl.arange(0, WORLD_BLOCK)
-        signal(ready_words(sync_ptr) + rank + peers * 0, epoch, rank, peers, heap_bases, mask=peers < world_size)
-    return epoch, arrival
+        signal(ready_words(call) + team.rank + peers * 0, call.epoch, team.rank, peers, team.heap_bases,
+               mask=peers < team.world_size)
+    return call, arrival
 
 
 @triton.jit
-def wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases):
-    """Acquire: every peer has entered call ``epoch``. Called once per program, before its first
-    store into a peer. One scalar wait per peer: each poll is a plain acquire load, so many programs
+def wait_peers_ready(call, team):
+    """Acquire: every peer has entered the call. Called once per program, before its first store
+    into a peer. One scalar wait per peer: each poll is a plain acquire load, so many programs
     polling the same flag do not queue up behind each other as read-modify-write atomics would.
 
     Example::
 
-        wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
-        trident.store(c + offs, tile, rank, peer, heap_bases, mask=mask)
+        wait_peers_ready(call, team)
+        trident.store(c + offs, tile, team.rank, peer, team.heap_bases, mask=mask)
     """
-    ready = ready_words(sync_ptr)
-    for peer in range(world_size):
-        wait(ready + peer, epoch, rank, rank, heap_bases, cmp="ge")
+    ready = ready_words(call)
+    for peer in range(team.world_size):
+        wait(ready + peer, call.epoch, team.rank, team.rank, team.heap_bases, cmp="ge")
 
 
 @triton.jit
-def finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
+def finish_call(call, team):
     """Called by every program at its end, after its :func:`enter_call`; the last one to get here
     completes the call and resets the finish counter for the next launch (see module doc).
 
     Example::
 
-        finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+        finish_call(call, team)
     """
     tl.debug_barrier()  # every thread's stores before the ticket's release
-    ticket = tl.atomic_add(sync_ptr + _TICKET, 1, sem="acq_rel", scope="sys")
+    ticket = tl.atomic_add(call.sync_ptr + _TICKET, 1, sem="acq_rel", scope="sys")
     if ticket == tl.num_programs(0) - 1:
-        tl.store(sync_ptr + _TICKET, 0)  # the next launch (stream-ordered after this one) counts afresh
-        tl.store(sync_ptr + _EPOCH, epoch)
-        peers = tl.arange(0, WORLD_BLOCK)
-        is_peer = peers < world_size
-        arrived = arrived_words(sync_ptr, world_size)
-        signal(arrived + rank + peers * 0, epoch, rank, peers, heap_bases, mask=is_peer)
-        wait(arrived + peers, epoch, rank, rank, heap_bases, cmp="ge", mask=is_peer)
+        tl.store(call.sync_ptr + _TICKET, 0)  # the next launch (stream-ordered after this one) counts afresh
+        tl.store(call.sync_ptr + _EPOCH, call.epoch)
+        peers = tl.arange(0, call.WORLD_BLOCK)
+        is_peer = peers < team.world_size
+        arrived = arrived_words(call, team)
+        signal(arrived + team.rank + peers * 0, call.epoch, team.rank, peers, team.heap_bases, mask=is_peer)
+        wait(arrived + peers, call.epoch, team.rank, team.rank, team.heap_bases, cmp="ge", mask=is_peer)

@@ -24,9 +24,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ... import platform as _platform
 from ... import trace
 from ...calls import CallCache, Recording, layout_key
+from ...device.bundles import Gemm, Output
 from ...kernels.prepared import by_address, prepare, rebased
 from .config import SIM_CONFIG, MatmulConfig, cut_plan, pick_config
-from .tiles import tile_coords, tile_dot, tile_dot_range, tile_offsets
+from .tiles import output_tile, tile_coords, tile_dot, tile_dot_range
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -36,11 +37,13 @@ __all__ = ["matmul", "launch_matmul", "matmul_kernel", "MatmulConfig", "SIM_CONF
 
 @triton.jit
 def matmul_kernel(
-        a, b, c,                                                        # A (M x K), B (K x N), C (M x N)
-        M, N, K,
-        stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-        part_ptr, count_ptr, whole_tiles, parts,                        # cut tiles (None, None: none cut)
-        trace_ptr, rank,                                                # trace buffer (None: no tracing)
+        a, b, c,                                        # A (M x K), B (K x N), C (M x N)
+        shape, strides,                                 # (M, N, K); A's, B's and C's element strides
+                                                        # (stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                                                        #  stride_cn)
+        part_ptr, count_ptr, cut,                       # cut tiles: scratch (None, None: none cut);
+                                                        # (whole_tiles, parts)
+        trace_ptr, rank,                                # trace buffer (None: no tracing)
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         USE_TMA: tl.constexpr, C_TMA: tl.constexpr, SUBTILE: tl.constexpr, FLATTEN: tl.constexpr):
     """``C = A @ B``, persistent: program ``pid`` computes tiles ``pid, pid + P, ...`` (P programs).
@@ -48,34 +51,32 @@ def matmul_kernel(
     ``a`` and ``b`` are descriptors (``USE_TMA``) or pointers; ``c`` is a descriptor with
     ``C_TMA`` (a bulk tensor store, in two halves along N when ``SUBTILE``: half the shared memory
     for the epilogue, so more stages fit) or a pointer. Only the first ``whole_tiles`` tiles are
-    computed whole; with a ``part_ptr`` each of the others is cut into ``parts`` along K
-    (:func:`_cut_tiles`). With a ``trace_ptr`` every tile (every part) is recorded as a compute
+    computed whole (``cut = (whole_tiles, parts)``); with a ``part_ptr`` each of the others is cut
+    into ``parts`` along K (:func:`_cut_tiles`). With a ``trace_ptr`` every tile (every part) is recorded as a compute
     event of ``rank``.
     """
     TRACE: tl.constexpr = trace_ptr is not None
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), whole_tiles, tl.num_programs(0), flatten=FLATTEN):
+    gemm = Gemm(a, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
+    out = Output(c, gemm.M, gemm.N, strides[4], strides[5], BLOCK_M, BLOCK_N, GROUP_M)
+    num_pid_m = tl.cdiv(gemm.M, BLOCK_M)
+    num_pid_n = tl.cdiv(gemm.N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), cut[0], tl.num_programs(0), flatten=FLATTEN):
         t0 = trace.now_if(TRACE)
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                       BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
-        _store_tile(c, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N, C_TMA, SUBTILE)
+        acc = tile_dot(gemm, pid_m, pid_n)
+        _store_tile(out, acc, pid_m, pid_n, C_TMA, SUBTILE)
         trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
     if part_ptr is not None:
-        _cut_tiles(a, b, c,
-                   M, N, K,
-                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-                   part_ptr, count_ptr, whole_tiles, parts,
-                   trace_ptr, rank,
-                   BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, C_TMA, SUBTILE)
+        _cut_tiles(gemm, out, part_ptr, count_ptr, cut[0], cut[1], trace_ptr, rank, C_TMA, SUBTILE)
 
 
 @triton.jit
-def _store_tile(c, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C_TMA: tl.constexpr, SUBTILE: tl.constexpr):
-    """Store an fp32 tile into C in C's dtype: through the descriptor ``c`` (``C_TMA``; in two
-    halves along N when ``SUBTILE``) or through the pointer ``c`` with the edges masked."""
+def _store_tile(out, acc, pid_m, pid_n, C_TMA: tl.constexpr, SUBTILE: tl.constexpr):
+    """Store an fp32 tile into C in C's dtype: through the descriptor ``out.c`` (``C_TMA``; in two
+    halves along N when ``SUBTILE``) or through the pointer ``out.c`` with the edges masked."""
+    BLOCK_M: tl.constexpr = out.BLOCK_M
+    BLOCK_N: tl.constexpr = out.BLOCK_N
+    c = out.c
     if C_TMA:
         if SUBTILE:
             halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
@@ -85,18 +86,13 @@ def _store_tile(c, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
         else:
             c.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c.dtype))
     else:
-        offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+        offs, mask = output_tile(out, pid_m, pid_n)
         tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _cut_tiles(a, b, c,
-               M, N, K,
-               stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-               part_ptr, count_ptr, first_tile, parts,
-               trace_ptr, rank,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-               USE_TMA: tl.constexpr, C_TMA: tl.constexpr, SUBTILE: tl.constexpr):
+def _cut_tiles(gemm, out, part_ptr, count_ptr, first_tile, parts, trace_ptr, rank,
+               C_TMA: tl.constexpr, SUBTILE: tl.constexpr):
     """Tiles ``first_tile ..``, each cut into ``parts`` parts along K (K blocks split evenly; the
     host keeps ``parts <= `` the K blocks, so none is empty).
 
@@ -105,27 +101,25 @@ def _cut_tiles(a, b, c,
     and B are shared in L2 as in the whole-tile loop. Each part goes through :func:`_add_part`.
     """
     TRACE: tl.constexpr = trace_ptr is not None
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_pid_m = tl.cdiv(gemm.M, gemm.BLOCK_M)
+    num_pid_n = tl.cdiv(gemm.N, gemm.BLOCK_N)
+    k_tiles = tl.cdiv(gemm.K, gemm.BLOCK_K)
     cut = num_pid_m * num_pid_n - first_tile
     for work in tl.range(tl.program_id(0), cut * parts, tl.num_programs(0)):
         part = work // cut
         cut_tile = work % cut
         t0 = trace.now_if(TRACE)
         tile = first_tile + cut_tile
-        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, gemm.GROUP_M)
         k_first, k_last = part * k_tiles // parts, (part + 1) * k_tiles // parts
-        acc = tile_dot_range(a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, stride_am, stride_ak, stride_bk,
-                             stride_bn, k_first, k_last, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
-        _add_part(acc, c, part_ptr, count_ptr, cut_tile, part, parts, pid_m, pid_n, M, N, stride_cm, stride_cn,
-                  BLOCK_M, BLOCK_N, C_TMA, SUBTILE)
+        acc = tile_dot_range(gemm, pid_m * gemm.BLOCK_M, pid_n * gemm.BLOCK_N, k_first, k_last)
+        _add_part(out, acc, part_ptr, count_ptr, cut_tile, part, parts, pid_m, pid_n, C_TMA, SUBTILE)
         trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
 
 
 @triton.jit
-def _add_part(acc, c, part_ptr, count_ptr, cut_tile, part, parts, pid_m, pid_n, M, N, stride_cm, stride_cn,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C_TMA: tl.constexpr, SUBTILE: tl.constexpr):
+def _add_part(out, acc, part_ptr, count_ptr, cut_tile, part, parts, pid_m, pid_n,
+              C_TMA: tl.constexpr, SUBTILE: tl.constexpr):
     """Part ``part`` (fp32 ``acc``) of cut tile ``cut_tile``: the last of its ``parts`` to finish stores the tile.
 
     Each part stores its sum into its own slot of ``part_ptr`` (``cut_tile * parts + part``,
@@ -134,6 +128,8 @@ def _add_part(acc, c, part_ptr, count_ptr, cut_tile, part, parts, pid_m, pid_n, 
     slots to its own sum and stores the tile into C. Nothing waits, so the simulator's
     one-after-another programs are fine.
     """
+    BLOCK_M: tl.constexpr = out.BLOCK_M
+    BLOCK_N: tl.constexpr = out.BLOCK_N
     block = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     first_slot = part_ptr + tl.cast(cut_tile, tl.int64) * parts * (BLOCK_M * BLOCK_N)
     tl.store(first_slot + part * (BLOCK_M * BLOCK_N) + block, acc)
@@ -143,8 +139,7 @@ def _add_part(acc, c, part_ptr, count_ptr, cut_tile, part, parts, pid_m, pid_n, 
         for other in range(0, parts):
             if other != part:
                 acc += tl.load(first_slot + other * (BLOCK_M * BLOCK_N) + block, cache_modifier=".cg")
-        _store_tile(c, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N, C_TMA, SUBTILE)
-
+        _store_tile(out, acc, pid_m, pid_n, C_TMA, SUBTILE)
 
 def tma_ok(t: torch.Tensor) -> bool:
     """Whether a 2-D tensor can be read through a TMA descriptor: unit inner stride, 16-byte aligned
@@ -164,7 +159,7 @@ def operands(A: torch.Tensor, B: torch.Tensor, cfg: MatmulConfig):
     Example::
 
         a, b, use_tma = operands(A, B, cfg)
-        matmul_kernel[grid](a, b, C, ..., USE_TMA=use_tma, ...)
+        matmul_kernel[grid](a, b, C, (M, N, K), strides, ..., USE_TMA=use_tma, ...)
     """
     use_tma = cfg.tma is not False and tma_ok(A) and tma_ok(B)
     if cfg.tma and not use_tma:
@@ -265,8 +260,8 @@ def _launch_parts(A, B, C, cfg: MatmulConfig, trace_ptr=None, rank: int = 0):
         if whole < tiles else ()
     part, count = scratch or (None, None)  # None, None: no tile cut
     grid = (num_programs(platform, whole + (tiles - whole) * parts, cfg),)
-    args = (a, b, c, M, N, K, A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
-            part, count, whole, parts, trace_ptr, rank)
+    args = (a, b, c, (M, N, K), (A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1)),
+            part, count, (whole, parts), trace_ptr, rank)
     constexprs = dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
                       USE_TMA=use_tma, C_TMA=c_tma, SUBTILE=cfg.subtile,
                       # Triton 3.6 fails to flatten a loop holding the trace's store

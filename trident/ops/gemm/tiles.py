@@ -2,8 +2,10 @@
 
 A persistent kernel walks output tiles ``tile = pid, pid + P, pid + 2P, ...``; for each one it
 asks :func:`tile_coords` where the tile sits, :func:`tile_dot` for its fp32 accumulator, and
-:func:`tile_offsets` for where it goes. Two ways to read A and B, chosen by ``USE_TMA``
-(a ``tl.constexpr``):
+:func:`tile_offsets` for where it goes. The GEMM's operands, sizes, strides and tiling travel as one
+:class:`~trident.device.bundles.Gemm` (``gemm = Gemm(a, b, (M, N, K), strides, BLOCK_M, BLOCK_N,
+BLOCK_K, GROUP_M, USE_TMA)`` at the top of the kernel). Two ways to read A and B, chosen by
+``USE_TMA`` (a ``tl.constexpr``):
 
 * ``USE_TMA=True``: ``a`` and ``b`` are host-made ``TensorDescriptor`` objects, and each block
   is one bulk tensor copy (TMA on Hopper) into shared memory; out-of-range rows and columns
@@ -42,65 +44,60 @@ def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def tile_dot(a, b,
-             pid_m, pid_n,
-             M, N, K,
-             stride_am, stride_ak, stride_bk, stride_bn,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr):
+def tile_dot(gemm, pid_m, pid_n):
     """One output tile of ``A @ B`` as an fp32 accumulator of shape ``(BLOCK_M, BLOCK_N)``.
 
     Args:
-        a, b: descriptors (``USE_TMA``) or pointers to A (M x K) and B (K x N).
+        gemm: the operands and tiling, a :class:`~trident.device.bundles.Gemm` (its strides are
+            ignored with ``USE_TMA``).
         pid_m, pid_n: the tile, from :func:`tile_coords`.
-        M, N, K, stride_*: sizes and element strides (the strides are ignored with ``USE_TMA``).
 
     Returns:
         The fp32 tile; rows and columns past M and N hold garbage or zeros (mask them on store).
 
     Example::
 
-        acc = tile_dot(a, b, pid_m, pid_n, M, N, K, K, 1, N, 1, 128, 128, 64, True)
+        gemm = Gemm(a, b, (M, N, K), (K, 1, N, 1), 128, 128, 64, 8, True)
+        acc = tile_dot(gemm, pid_m, pid_n)
     """
-    return tile_dot_range(a, b, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, stride_am, stride_ak, stride_bk,
-                          stride_bn, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+    return tile_dot_range(gemm, pid_m * gemm.BLOCK_M, pid_n * gemm.BLOCK_N, 0, tl.cdiv(gemm.K, gemm.BLOCK_K))
 
 
 @triton.jit
-def tile_dot_range(a, b,
-                   off_m, off_n,
-                   M, N, K,
-                   stride_am, stride_ak, stride_bk, stride_bn,
-                   k_first, k_last,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr):
+def tile_dot_range(gemm, off_m, off_n, k_first, k_last):
     """The ``BLOCK_M x BLOCK_N`` block of ``A @ B`` whose first row and column are ``off_m, off_n``
     (any offsets, not only multiples of the block), over the K blocks ``k_first .. k_last - 1``
-    (all of them: ``0, tl.cdiv(K, BLOCK_K)``; fewer: a split-K part). fp32.
+    (all of them: ``0, tl.cdiv(K, BLOCK_K)``; fewer: a split-K part). fp32. ``gemm`` is a
+    :class:`~trident.device.bundles.Gemm`.
 
     Example::
 
-        part = tile_dot_range(a, b, pid_m * 128, pid_n * 128, M, N, K, K, 1, N, 1, 0, 8, 128, 128, 64, True)
+        part = tile_dot_range(gemm, pid_m * 128, pid_n * 128, 0, 8)
     """
+    BLOCK_M: tl.constexpr = gemm.BLOCK_M
+    BLOCK_N: tl.constexpr = gemm.BLOCK_N
+    BLOCK_K: tl.constexpr = gemm.BLOCK_K
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-    if USE_TMA:
+    if gemm.USE_TMA:
         for ki in range(k_first, k_last):
-            x = a.load([off_m, ki * BLOCK_K])
-            y = b.load([ki * BLOCK_K, off_n])
+            x = gemm.a.load([off_m, ki * BLOCK_K])
+            y = gemm.b.load([ki * BLOCK_K, off_n])
             acc = tl.dot(x, y, acc)
     else:
         # Rows and columns past the edge wrap around (% M, % N): the loads stay in bounds without
         # masks, and the store masks those lanes out. Only the K edge needs masking (zeros).
-        rm = (off_m + tl.arange(0, BLOCK_M)) % M
-        rn = (off_n + tl.arange(0, BLOCK_N)) % N
+        rm = (off_m + tl.arange(0, BLOCK_M)) % gemm.M
+        rn = (off_n + tl.arange(0, BLOCK_N)) % gemm.N
         rk = tl.arange(0, BLOCK_K)
-        a_ptrs = a + rm.to(tl.int64)[:, None] * stride_am + (k_first * BLOCK_K + rk)[None, :] * stride_ak
-        b_ptrs = b + (k_first * BLOCK_K + rk).to(tl.int64)[:, None] * stride_bk + rn[None, :] * stride_bn
+        a_ptrs = gemm.a + rm.to(tl.int64)[:, None] * gemm.stride_am + (k_first * BLOCK_K + rk)[None, :] * gemm.stride_ak
+        b_ptrs = gemm.b + (k_first * BLOCK_K + rk).to(tl.int64)[:, None] * gemm.stride_bk + rn[None, :] * gemm.stride_bn
         for ki in range(k_first, k_last):
-            k_left = K - ki * BLOCK_K
+            k_left = gemm.K - ki * BLOCK_K
             x = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
             y = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
             acc = tl.dot(x, y, acc)
-            a_ptrs += BLOCK_K * stride_ak
-            b_ptrs += BLOCK_K * stride_bk
+            a_ptrs += BLOCK_K * gemm.stride_ak
+            b_ptrs += BLOCK_K * gemm.stride_bk
     return acc
 
 
@@ -118,6 +115,19 @@ def tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M: tl.constexpr
     offs = rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
     mask = (rm < M)[:, None] & (rn < N)[None, :]
     return offs, mask
+
+
+@triton.jit
+def output_tile(out, pid_m, pid_n):
+    """:func:`tile_offsets` of tile ``(pid_m, pid_n)`` of an :class:`~trident.device.bundles.Output`:
+    ``(offs, mask)``, element offsets from ``out.c`` and the in-bounds mask.
+
+    Example::
+
+        offs, mask = output_tile(out, pid_m, pid_n)
+        tl.store(out.c + offs, acc.to(out.c.dtype.element_ty), mask=mask)
+    """
+    return tile_offsets(pid_m, pid_n, out.M, out.N, out.stride_cm, out.stride_cn, out.BLOCK_M, out.BLOCK_N)
 
 
 @triton.jit

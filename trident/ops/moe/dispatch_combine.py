@@ -285,15 +285,15 @@ def _run_dispatch(team, rec, tensors, options) -> None:
         programs = max(1, min(ctx.platform.program_limit, max_tokens))
         block_r = min(triton.next_power_of_2(row_words), 1024)
         rec.launch(moe_dispatch_kernel, (programs,), (
-            x.view(word), None if x_scales is None else x_scales, topk_idx, tokens,
+            x.view(word), None if x_scales is None else x_scales, topk_idx,
             recv_words, None if x_scales is None else recv_scales, recv_src, recv_j,
-            counts, local, offsets, recv_counts, status,
-            row_words, scale_cols, k, experts_local, max_tokens, rows,
+            counts, local, status,  # local holds offsets and recv_counts too
+            (tokens, row_words, scale_cols, k, experts_local, max_tokens, rows),
             sync, ctx.rank, world, ctx.heap_bases),
-            dict(E_BLOCK=triton.next_power_of_2(num_experts), K_BLOCK=triton.next_power_of_2(k),
-                 CHUNK=min(1024, triton.next_power_of_2(max(max_tokens * k, 16))), BLOCK_R=block_r,
-                 BLOCK_S=triton.next_power_of_2(max(scale_cols, 1)), REPORT=max_tokens_per_rank is not None,
-                 WORLD_BLOCK=triton.next_power_of_2(world)),
+            dict(BLOCKS=(triton.next_power_of_2(num_experts), triton.next_power_of_2(k),  # E_BLOCK, K_BLOCK
+                         min(1024, triton.next_power_of_2(max(max_tokens * k, 16))), block_r,  # CHUNK, BLOCK_R
+                         triton.next_power_of_2(max(scale_cols, 1))),  # BLOCK_S
+                 REPORT=max_tokens_per_rank is not None, WORLD_BLOCK=triton.next_power_of_2(world)),
             num_warps=4 if block_r <= 512 else 8)
     if max_tokens_per_rank is None:  # this call synchronises anyway: check the capacity now
         needed, worst = status[STATUS_NEEDED:STATUS_WORST + 1].tolist()
@@ -384,9 +384,9 @@ def _run_combine(team, rec, tensors, options) -> None:
     programs = max(2, team.platform.program_limit)
     block_h = min(triton.next_power_of_2(hidden), 1024)
     rec.launch(moe_combine_kernel, (programs,), (
-        expert_out, staging, out, topk_weights, topk_idx, tokens,
+        expert_out, staging, out, topk_weights, topk_idx,
         recv_src, recv_j, status,
-        hidden, k, num_experts, max_tokens, capacity, programs // 2,
+        (tokens, hidden, k, num_experts, max_tokens, capacity, programs // 2),
         sync, team.rank, team.world_size, team.heap_bases),
         dict(K_BLOCK=triton.next_power_of_2(k), BLOCK_H=block_h, WORLD_BLOCK=triton.next_power_of_2(team.world_size)),
         num_warps=4 if block_h <= 512 else 8)

@@ -35,6 +35,7 @@ import triton.language as tl
 
 from ... import layout
 from ...device import signal, store, wait
+from ...device.bundles import Team
 from ...device.memory import control_block, record_fault
 from ..fused.sync import enter_call, finish_call, flag_words, wait_peers_ready
 
@@ -49,13 +50,18 @@ _FILL = tl.constexpr(1024)
 
 
 @triton.jit
-def _plan(topk_ptr, tokens, k,
-          counts_ptr, local_ptr, offsets_ptr, recv_counts_ptr, status_ptr,
-          experts_local, capacity, flags, epoch,
-          rank, world_size, heap_bases,
-          E_BLOCK: tl.constexpr, CHUNK: tl.constexpr, REPORT: tl.constexpr, WORLD_BLOCK: tl.constexpr):
-    """The planner's part (ticket 0): count, exchange the counts, lay out every receive buffer."""
+def _plan(topk_ptr, counts_ptr, local_ptr, status_ptr, sizes, call, team,
+          E_BLOCK: tl.constexpr, CHUNK: tl.constexpr, REPORT: tl.constexpr):
+    """The planner's part (ticket 0): count, exchange the counts, lay out every receive buffer.
+
+    ``sizes`` is the kernel's; ``local_ptr`` holds the cursors, the scratch, then this rank's
+    ``recv_offsets`` and ``recv_counts``."""
+    tokens, _, _, k, experts_local, _, capacity = sizes
+    rank, world_size, heap_bases, epoch = team.rank, team.world_size, team.heap_bases, call.epoch
+    flags = flag_words(call, team)
     experts = experts_local * world_size
+    offsets_ptr = local_ptr + 2 * experts
+    recv_counts_ptr = offsets_ptr + experts_local
     e = tl.arange(0, E_BLOCK)
     in_e = e < experts
     entries = tokens * k
@@ -71,7 +77,7 @@ def _plan(topk_ptr, tokens, k,
         peer = (rank + i) % world_size
         store(mine, hist, rank, peer, heap_bases, mask=in_e)
         signal(flags + rank, epoch, rank, peer, heap_bases)
-    ranks = tl.arange(0, WORLD_BLOCK)
+    ranks = tl.arange(0, call.WORLD_BLOCK)
     wait(flags + ranks, epoch, rank, rank, heap_bases, cmp="ge", mask=ranks < world_size)
     total = tl.zeros([E_BLOCK], dtype=tl.int32)   # rows each expert receives
     before = tl.zeros([E_BLOCK], dtype=tl.int32)  # of those, rows from ranks before me
@@ -117,13 +123,14 @@ def _store_to_choices(dst_ptr, width, offs, values, mask, jj, keep, slots, dests
 
 
 @triton.jit
-def _send_rows(x_ptr, scales_ptr, topk_ptr, tokens, me,
-               recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, cursor_ptr,
-               row_words, scale_words, k, experts_local, max_tokens, capacity,
-               rank, world_size, heap_bases,
+def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team,
                K_BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Store this program's tokens (``me, me + programs, ...``) into their experts' owners' buffers."""
-    experts = experts_local * world_size
+    """Store this program's tokens (``me, me + programs, ...``) into their experts' owners' buffers
+    ``recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr)``; ``sizes`` is the kernel's."""
+    tokens, row_words, scale_words, k, experts_local, max_tokens, capacity = sizes
+    recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr = recv
+    rank, heap_bases = team.rank, team.heap_bases
+    experts = experts_local * team.world_size
     jj = tl.arange(0, K_BLOCK)
     cols = tl.arange(0, BLOCK_R)
     for t in range(me, tokens, tl.num_programs(0)):
@@ -151,55 +158,64 @@ def _send_rows(x_ptr, scales_ptr, topk_ptr, tokens, me,
 
 @triton.jit
 def moe_dispatch_kernel(
-    x_ptr, scales_ptr, topk_ptr, tokens,                        # my tokens (row_words words a row), scales, routing
+    x_ptr, scales_ptr, topk_ptr,                                # my tokens (row_words words a row), scales, routing
     recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr,      # the receive buffers on the heap, `capacity` rows each
-    counts_ptr, local_ptr, offsets_ptr, recv_counts_ptr, status_ptr,  # counts [W, E] on the heap; the rest local
-    row_words, scale_words, k, experts_local, max_tokens, capacity,
+    counts_ptr, local_ptr, status_ptr,                          # counts [W, E] on the heap; the rest local
+    sizes,                     # (tokens, row_words, scale_words, k, experts_local, max_tokens, capacity)
     sync_ptr,
     rank, world_size, heap_bases,
-    E_BLOCK: tl.constexpr, K_BLOCK: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_S: tl.constexpr, REPORT: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+    BLOCKS: tl.constexpr,      # (E_BLOCK, K_BLOCK, CHUNK, BLOCK_R, BLOCK_S)
+    REPORT: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
     """Send every (token, j) with a valid expert to the expert's owner (see the module doc).
 
-    ``local_ptr`` holds ``2 * E`` int32 words: the cursors, then the planner's scratch.
+    ``local_ptr`` holds ``2 * E + 2 * E_local`` int32 words: the cursors, the planner's scratch, then
+    this rank's ``recv_offsets`` and ``recv_counts`` (``E_local`` each).
     """
-    epoch, me = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
-    flags = flag_words(sync_ptr, world_size)  # [0, W): the count rows' flags; W: the layout (local)
-    wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
+    E_BLOCK: tl.constexpr = BLOCKS[0]
+    K_BLOCK: tl.constexpr = BLOCKS[1]
+    CHUNK: tl.constexpr = BLOCKS[2]
+    BLOCK_R: tl.constexpr = BLOCKS[3]
+    BLOCK_S: tl.constexpr = BLOCKS[4]
+    capacity = sizes[6]
+    team = Team(rank, world_size, heap_bases)
+    call, me = enter_call(sync_ptr, team, WORLD_BLOCK)
+    flags = flag_words(call, team)  # [0, W): the count rows' flags; W: the layout (local)
+    wait_peers_ready(call, team)
     if me == 0:
-        _plan(topk_ptr, tokens, k, counts_ptr, local_ptr, offsets_ptr, recv_counts_ptr, status_ptr,
-              experts_local, capacity, flags, epoch, rank, world_size, heap_bases,
-              E_BLOCK, CHUNK, REPORT, WORLD_BLOCK)
-        signal(flags + world_size, epoch, rank, rank, heap_bases, scope="gpu")
+        _plan(topk_ptr, counts_ptr, local_ptr, status_ptr, sizes, call, team, E_BLOCK, CHUNK, REPORT)
+        signal(flags + world_size, call.epoch, rank, rank, heap_bases, scope="gpu")
     else:
-        wait(flags + world_size, epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
+        wait(flags + world_size, call.epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
     # Rows no peer fills this call say so: recv_src = -1.
     unused = tl.minimum(tl.load(status_ptr + _RECEIVED), capacity)
     for start in range(unused + me * _FILL, capacity, tl.num_programs(0) * _FILL):
         offs = start + tl.arange(0, _FILL)
         tl.store(recv_src_ptr + offs, tl.full([_FILL], -1, tl.int64), mask=offs < capacity)
-    _send_rows(x_ptr, scales_ptr, topk_ptr, tokens, me, recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr,
-               local_ptr, row_words, scale_words, k, experts_local, max_tokens, capacity,
-               rank, world_size, heap_bases, K_BLOCK, BLOCK_R, BLOCK_S)
-    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr)
+    _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, local_ptr, sizes, team, K_BLOCK, BLOCK_R, BLOCK_S)
+    finish_call(call, team)
 
 
 @triton.jit
 def moe_combine_kernel(
-    expert_ptr, staging_ptr, out_ptr, weights_ptr, topk_ptr, tokens,  # expert rows [capacity, H]; staging [M*k, H]
-    recv_src_ptr, recv_j_ptr, status_ptr,                              # the dispatch's (local)
-    hidden, k, experts, max_tokens, capacity, pushers,
+    expert_ptr, staging_ptr, out_ptr, weights_ptr, topk_ptr,  # expert rows [capacity, H]; staging [M*k, H]
+    recv_src_ptr, recv_j_ptr, status_ptr,                     # the dispatch's (local)
+    sizes,                                                    # (tokens, hidden, k, experts, max_tokens, capacity,
+                                                              #  pushers)
     sync_ptr,
     rank, world_size, heap_bases,
     K_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
     """``out[t] = sum over valid j of weights[t, j] * (row (t, j) back from its expert)``, in fp32."""
-    epoch, me = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
-    flags = flag_words(sync_ptr, world_size)  # [0, M*k): row t*k + j of my staging has landed
+    tokens, hidden, k, experts, max_tokens, capacity, pushers = sizes
+    team = Team(rank, world_size, heap_bases)
+    call, me = enter_call(sync_ptr, team, WORLD_BLOCK)
+    epoch = call.epoch
+    flags = flag_words(call, team)  # [0, M*k): row t*k + j of my staging has landed
     cols = tl.arange(0, BLOCK_H)
     if me < pushers:
-        wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
+        wait_peers_ready(call, team)
         received = tl.minimum(tl.load(status_ptr + _RECEIVED), capacity)
         for slot in range(me, received, pushers):
             src = tl.load(recv_src_ptr + slot)
@@ -231,7 +247,7 @@ def moe_combine_kernel(
                 total = tl.sum(parts * weight[:, None], axis=0)
                 tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + offs,
                          total.to(out_ptr.dtype.element_ty), mask=in_row)
-    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    finish_call(call, team)
 
 
 __all__ = ["moe_dispatch_kernel", "moe_combine_kernel", "STATUS_RECEIVED", "STATUS_NEEDED", "STATUS_WORST",

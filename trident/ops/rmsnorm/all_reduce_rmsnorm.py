@@ -145,9 +145,9 @@ def _run(team, rec, tensors, options) -> None:
     programs = max(1, min(tokens, team.platform.program_limit, MAX_PROGRAMS))  # the same on every rank
     rec.launch(
         all_reduce_rmsnorm_kernel, (programs,),
-        (x, source, residual, weight, out, h, scale_ptr, scale_value, tokens, hidden, float(eps),
+        (x, source, residual, weight, out, h, scale_ptr, scale_value, float(eps), (tokens, hidden),
          workspace(team).sync, team.rank, team.world_size, team.heap_bases),
-        {"FP8_OUT": fp8, "ROUND_FP8_IN_FP32": fp8 and team.platform.simulator, "STAGE": source is not x,
+        {"ROUND_FP8_IN_FP32": fp8 and team.platform.simulator, "STAGE": source is not x,
          "BLOCK_H": block_h, "WORLD_BLOCK": triton.next_power_of_2(team.world_size)},
         num_warps=num_warps(block_h))
 

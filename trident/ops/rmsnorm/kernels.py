@@ -46,15 +46,18 @@ def _round_to_e4m3(v):
 def all_reduce_rmsnorm_kernel(
     src_ptr, x_ptr,                                   # the caller's x; x on the heap (peers read it)
     residual_ptr, weight_ptr, out_ptr, h_ptr,         # local
-    scale_ptr, scale_value, tokens, hidden, eps,      # fp8 scale: a 1-element tensor, else scale_value
+    scale_ptr, scale_value, eps,                      # fp8 scale: a 1-element tensor, else scale_value
+    shape,                                            # (tokens, hidden)
     sync_ptr,
     rank, world_size, heap_bases,
-    FP8_OUT: tl.constexpr, ROUND_FP8_IN_FP32: tl.constexpr, STAGE: tl.constexpr,
-    BLOCK_H: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+    ROUND_FP8_IN_FP32: tl.constexpr, STAGE: tl.constexpr, BLOCK_H: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
     """``h = sum over ranks of x (+ residual)``, ``out = h * rsqrt(mean(h^2) + eps) * weight`` per row.
 
-    With ``STAGE``, ``x_ptr`` is the stage and ``src_ptr`` the caller's x; else both are x."""
+    With ``STAGE``, ``x_ptr`` is the stage and ``src_ptr`` the caller's x; else both are x. An fp8 ``out``
+    (float8_e4m3fn) is scaled and clamped to fp8's range."""
+    FP8_OUT: tl.constexpr = out_ptr.dtype.element_ty == tl.float8e4nv
+    tokens, hidden = shape
     pid = arrival_ticket(sync_ptr + _ARRIVAL)  # programs by arrival: the k-th to start meets the k-th on every peer
     cols = tl.arange(0, BLOCK_H)
     in_row = cols < hidden

@@ -79,10 +79,10 @@ def _row_blocks(call: FusedCall, a_local: torch.Tensor) -> int:
     return call.ctx.world_size * triton.cdiv(a_local.shape[0], call.cfg.BLOCK_M)
 
 
-def _sizes(call: FusedCall, a_local: torch.Tensor) -> tuple[int, ...]:
-    """The kernels' size arguments: ``m, N, K`` and A_local's, B's and C's strides."""
+def _sizes(call: FusedCall, a_local: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The kernels' size arguments: ``(m, N, K)`` and A_local's, B's and C's strides."""
     (m, K), B, C = a_local.shape, call.B, call.C
-    return m, B.shape[1], K, a_local.stride(0), a_local.stride(1), B.stride(0), B.stride(1), C.stride(0)
+    return (m, B.shape[1], K), (a_local.stride(0), a_local.stride(1), B.stride(0), B.stride(1), C.stride(0))
 
 
 def _fused_sequential(call: FusedCall) -> None:

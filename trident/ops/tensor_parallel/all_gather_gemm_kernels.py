@@ -26,6 +26,7 @@ import triton.language as tl
 
 from ... import trace
 from ...device import signal, translate, wait
+from ...device.bundles import Gemm, Team
 from ..fused.sync import enter_call, finish_call, flag_words, wait_peers_ready
 from ..gemm.tiles import shard_tile, tile_dot, tile_offsets
 
@@ -33,27 +34,37 @@ from ..gemm.tiles import shard_tile, tile_dot, tile_offsets
 @triton.jit
 def pull_kernel(
         a_local, b, c,                                  # my rows of A (symmetric), B, C (every rank's rows)
-        m, N, K,                                        # m: rows per rank
-        stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+        shape, strides,                                 # (m, N, K), m: rows per rank;
+                                                        # (stride_am, stride_ak, stride_bk, stride_bn, stride_cm)
         sync_ptr, trace_ptr,                            # the sync block; the trace buffer or None
         rank, world_size, heap_bases,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         WORLD_BLOCK: tl.constexpr):
     """fused_sequential: one persistent kernel; each tile multiplies rows of A read from their owner."""
     TRACE: tl.constexpr = trace_ptr is not None
-    epoch, _ = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
-    wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
+    team = Team(rank, world_size, heap_bases)
+    m, N = shape[0], shape[1]
+    call, _ = enter_call(sync_ptr, team, WORLD_BLOCK)
+    wait_peers_ready(call, team)
     tiles = world_size * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
         t0 = trace.now_if(TRACE)
         src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
         a_src = translate(a_local, rank, src, heap_bases)  # src's A_local, as this process maps it
-        acc = tile_dot(a_src, b, pid_m, pid_n, m, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                       BLOCK_M, BLOCK_N, BLOCK_K, False)
-        offs, mask = tile_offsets(pid_m, pid_n, m, N, stride_cm, 1, BLOCK_M, BLOCK_N)
-        tl.store(c + tl.cast(src, tl.int64) * m * stride_cm + offs, acc.to(c.dtype.element_ty), mask=mask)
+        gemm = Gemm(a_src, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
+        acc = tile_dot(gemm, pid_m, pid_n)
+        _store_rows(c, shape, strides, src, acc, pid_m, pid_n, BLOCK_M, BLOCK_N)
         trace.record(trace_ptr, trace.COMPUTE, tile, src, t0, rank, TRACE)
-    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    finish_call(call, team)
+
+
+@triton.jit
+def _store_rows(c, shape, strides, src, acc, pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store tile ``(pid_m, pid_n)`` of source rank ``src``'s row shard (``m x N``, ``shape = (m, N, K)``)
+    into C (``W*m x N``, row stride ``strides[4]``) in C's dtype."""
+    m, N, stride_cm = shape[0], shape[1], strides[4]
+    offs, mask = tile_offsets(pid_m, pid_n, m, N, stride_cm, 1, BLOCK_M, BLOCK_N)
+    tl.store(c + tl.cast(src, tl.int64) * m * stride_cm + offs, acc.to(c.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -73,8 +84,8 @@ def copy_rows(src_ptr, dst_ptr, row0, rows, K, stride_src, stride_dst, rank, pee
 @triton.jit
 def gather_gemm_kernel(
         a_local, a_full, b, c,                          # my rows of A (symmetric), all rows (W*m x K), B, C
-        m, N, K,                                        # m: rows per rank
-        stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+        shape, strides,                                 # (m, N, K), m: rows per rank;
+                                                        # (stride_am, stride_ak, stride_bk, stride_bn, stride_cm)
         gather_programs,                                # the first gather_programs to arrive gather, the rest multiply
         sync_ptr, trace_ptr,                            # the sync block (its flags); the trace buffer or None
         rank, world_size, heap_bases,
@@ -85,34 +96,35 @@ def gather_gemm_kernel(
     the later ones acquire each block's flag and multiply, so they wait only on gather programs
     already running (or done), whichever programs the GPU runs first."""
     TRACE: tl.constexpr = trace_ptr is not None
-    epoch, arrival = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
-    flags = flag_words(sync_ptr, world_size)
+    team = Team(rank, world_size, heap_bases)
+    m, N, K = shape[0], shape[1], shape[2]
+    call, arrival = enter_call(sync_ptr, team, WORLD_BLOCK)
+    flags = flag_words(call, team)
     blocks = tl.cdiv(m, BLOCK_M)  # row blocks per source rank
     if arrival < gather_programs:
-        wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
+        wait_peers_ready(call, team)
         for i in tl.range(arrival, world_size * blocks, gather_programs):
             t0 = trace.now_if(TRACE)
             src = (rank + i // blocks) % world_size  # my own rows first, in the GEMM's order
             block = src * blocks + i % blocks
             shard = a_full + tl.cast(src, tl.int64) * m * K
-            copy_rows(a_local, shard, (i % blocks) * BLOCK_M, m, K, stride_am, K, rank, src, heap_bases,
+            copy_rows(a_local, shard, (i % blocks) * BLOCK_M, m, K, strides[0], K, rank, src, heap_bases,
                       BLOCK_M, BLOCK_K)
-            signal(flags + block, epoch, rank, rank, heap_bases, scope="gpu")  # read on this GPU only
+            signal(flags + block, call.epoch, rank, rank, heap_bases, scope="gpu")  # read on this GPU only
             trace.record(trace_ptr, trace.COMM, block, src, t0, rank, TRACE)
     else:
         tiles = world_size * blocks * tl.cdiv(N, BLOCK_N)
         for tile in tl.range(arrival - gather_programs, tiles, tl.num_programs(0) - gather_programs):
             src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
             t0 = trace.now_if(TRACE)
-            wait(flags + src * blocks + pid_m, epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
+            wait(flags + src * blocks + pid_m, call.epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
             trace.record(trace_ptr, trace.WAIT, tile, src, t0, rank, TRACE)
             t0 = trace.now_if(TRACE)
             # a_full was written by this kernel with ordinary stores: read it with ordinary loads
             # too (a TMA read would need a generic-to-async proxy fence first).
             shard = a_full + tl.cast(src, tl.int64) * m * K
-            acc = tile_dot(shard, b, pid_m, pid_n, m, N, K, K, 1, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K,
-                           False)
-            offs, mask = tile_offsets(pid_m, pid_n, m, N, stride_cm, 1, BLOCK_M, BLOCK_N)
-            tl.store(c + tl.cast(src, tl.int64) * m * stride_cm + offs, acc.to(c.dtype.element_ty), mask=mask)
+            gemm = Gemm(shard, b, shape, (K, 1, strides[2], strides[3]), BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
+            acc = tile_dot(gemm, pid_m, pid_n)
+            _store_rows(c, shape, strides, src, acc, pid_m, pid_n, BLOCK_M, BLOCK_N)
             trace.record(trace_ptr, trace.COMPUTE, tile, src, t0, rank, TRACE)
-    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    finish_call(call, team)

@@ -80,8 +80,8 @@ class _Block:
         """``(args, use_tma)``: the GEMM kernels' leading arguments (A and B as :func:`operands` gives
         them, my block of C, its sizes and the three strides) and their ``USE_TMA``."""
         a, b, use_tma = operands(call.A, call.B, call.cfg)
-        return (a, b, self.block, self.M, self.n, self.K, call.A.stride(0), call.A.stride(1),
-                call.B.stride(0), call.B.stride(1), self.block.stride(0)), use_tma
+        return (a, b, self.block, (self.M, self.n, self.K),
+                (call.A.stride(0), call.A.stride(1), call.B.stride(0), call.B.stride(1), self.block.stride(0))), use_tma
 
 
 def _scatter(call: FusedCall, s: _Block, sync: torch.Tensor, programs: int, wait_flags: bool) -> None:

@@ -89,10 +89,10 @@ def _operands(call: FusedCall):
     return operands(A, B, call.cfg) if A.shape[1] else (A, B, False)
 
 
-def _sizes(call: FusedCall, rows: int) -> tuple[int, ...]:
-    """The kernels' size arguments: ``rows, N, K`` and A's and B's strides."""
+def _sizes(call: FusedCall, rows: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The kernels' size arguments: ``(rows, N, K)`` and A's and B's strides."""
     A, B = call.A, call.B
-    return rows, B.shape[1], A.shape[1], A.stride(0), A.stride(1), B.stride(0), B.stride(1)
+    return (rows, B.shape[1], A.shape[1]), (A.stride(0), A.stride(1), B.stride(0), B.stride(1))
 
 
 def push_then_sum(call: FusedCall, to_every_rank: bool) -> None:
@@ -107,7 +107,7 @@ def push_then_sum(call: FusedCall, to_every_rank: bool) -> None:
         a, b, slots, *_sizes(call, rows),
         call.sync(), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-    ), USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank)
+    ), tile_as_tuple=True, USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank)
     programs = max(1, min(triton.cdiv(rows * N, REDUCE_BLOCK), 4 * ctx.platform.sm_count))
     call.launch(kernels.reduce_slots_kernel, (programs,), (slots, call.C, rows, N, ctx.world_size),
                 dict(BLOCK=REDUCE_BLOCK), num_warps=4)
@@ -129,7 +129,7 @@ def push_and_sum(call: FusedCall, to_every_rank: bool) -> None:
         gemm_programs,
         sync, call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-    ), USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank)
+    ), tile_as_tuple=True, USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank)
 
 
 def partial_product_spec(name: str, bulk_synchronous: Callable[[FusedCall], None],

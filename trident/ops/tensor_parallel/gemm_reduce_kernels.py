@@ -40,87 +40,80 @@ import triton.language as tl
 
 from ... import trace
 from ...device import signal, store, wait
+from ...device.bundles import Gemm, Team
 from ..fused.sync import enter_call, finish_call, flag_words, wait_peers_ready
 from ..gemm.tiles import shard_tile, tile_coords, tile_dot, tile_dot_range, tile_offsets
 
 
 @triton.jit
-def push_tiles(first, step,
-               a, b, slots,
-               m, N, K,
-               stride_am, stride_ak, stride_bk, stride_bn,
-               flags_ptr, epoch, trace_ptr, rank, world_size, heap_bases,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-               USE_TMA: tl.constexpr):
-    """Tiles ``first, first + step, ...`` of my partial product, each stored into its owner's
-    ``slots[rank]``; with a ``flags_ptr`` (not None) also release the tile's flag at the owner."""
+def push_tiles(first, step, gemm, slots, m, flags_ptr, epoch, trace_ptr, team):
+    """Tiles ``first, first + step, ...`` of my partial product (``gemm``: A has ``W * m`` rows), each
+    stored into its owner's ``slots[rank]`` (``m x N``); with a ``flags_ptr`` (not None) also release the
+    tile's flag at the owner."""
     TRACE: tl.constexpr = trace_ptr is not None
+    BLOCK_M: tl.constexpr = gemm.BLOCK_M
+    BLOCK_N: tl.constexpr = gemm.BLOCK_N
+    rank, world_size, N = team.rank, team.world_size, gemm.N
     per_shard = tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(first, world_size * per_shard, step):
         t0 = trace.now_if(TRACE)
-        owner, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank + 1, BLOCK_M, BLOCK_N, GROUP_M)
+        owner, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank + 1, BLOCK_M, BLOCK_N, gemm.GROUP_M)
         row0 = owner * m + pid_m * BLOCK_M  # < M: an int32 (TMA coordinates are)
-        acc = tile_dot_range(a, b, row0, pid_n * BLOCK_N, world_size * m, N, K, stride_am, stride_ak, stride_bk,
-                             stride_bn, 0, tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+        acc = tile_dot_range(gemm, row0, pid_n * BLOCK_N, 0, tl.cdiv(gemm.K, gemm.BLOCK_K))
         trace.record(trace_ptr, trace.COMPUTE, tile, owner, t0, rank, TRACE)
         t0 = trace.now_if(TRACE)
         offs, mask = tile_offsets(pid_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)
         mine = slots + tl.cast(rank, tl.int64) * m * N  # my slot, at the same offset in every rank's heap
-        store(mine + offs, acc.to(slots.dtype.element_ty), rank, owner, heap_bases, mask=mask)
+        store(mine + offs, acc.to(slots.dtype.element_ty), rank, owner, team.heap_bases, mask=mask)
         if flags_ptr is not None:
-            signal(flags_ptr + rank * per_shard + tile % per_shard, epoch, rank, owner, heap_bases)
+            signal(flags_ptr + rank * per_shard + tile % per_shard, epoch, rank, owner, team.heap_bases)
         trace.record(trace_ptr, trace.COMM, tile, owner, t0, rank, TRACE)
 
 
 @triton.jit
-def push_all_tiles(first, step,
-                   a, b, slots,
-                   M, N, K,
-                   stride_am, stride_ak, stride_bk, stride_bn,
-                   flags_ptr, epoch, trace_ptr, rank, world_size, heap_bases,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   USE_TMA: tl.constexpr):
+def push_all_tiles(first, step, gemm, slots, flags_ptr, epoch, trace_ptr, team):
     """Tiles ``first, first + step, ...`` of my partial product, each stored into ``slots[rank]`` of
     every rank; with a ``flags_ptr`` (not None) also release the tile's flag at every rank."""
     TRACE: tl.constexpr = trace_ptr is not None
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
+    rank, world_size, M, N = team.rank, team.world_size, gemm.M, gemm.N
+    num_pid_m = tl.cdiv(M, gemm.BLOCK_M)
+    num_pid_n = tl.cdiv(N, gemm.BLOCK_N)
     tiles = num_pid_m * num_pid_n
     mine = slots + tl.cast(rank, tl.int64) * M * N  # my slot, at the same offset in every rank's heap
     for tile in tl.range(first, tiles, step):
         t0 = trace.now_if(TRACE)
-        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = tile_dot(a, b, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                       BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA)
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, gemm.GROUP_M)
+        acc = tile_dot(gemm, pid_m, pid_n)
         trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
         t0 = trace.now_if(TRACE)
-        offs, mask = tile_offsets(pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
+        offs, mask = tile_offsets(pid_m, pid_n, M, N, N, 1, gemm.BLOCK_M, gemm.BLOCK_N)
         part = acc.to(slots.dtype.element_ty)
         for i in range(world_size):
             peer = (rank + 1 + i) % world_size  # the next rank first, myself last
-            store(mine + offs, part, rank, peer, heap_bases, mask=mask)
+            store(mine + offs, part, rank, peer, team.heap_bases, mask=mask)
             if flags_ptr is not None:
-                signal(flags_ptr + rank * tiles + tile, epoch, rank, peer, heap_bases)
+                signal(flags_ptr + rank * tiles + tile, epoch, rank, peer, team.heap_bases)
         trace.record(trace_ptr, trace.COMM, tile, rank, t0, rank, TRACE)
 
 
 @triton.jit
-def _push(first, step,
-          a, b, slots,
-          rows, N, K,
-          stride_am, stride_ak, stride_bk, stride_bn,
-          flags_ptr, epoch, trace_ptr, rank, world_size, heap_bases,
-          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-          USE_TMA: tl.constexpr, TO_EVERY_RANK: tl.constexpr):
-    """:func:`push_all_tiles` (``rows`` = M) or :func:`push_tiles` (``rows`` = m), as ``TO_EVERY_RANK`` says."""
+def _push(first, step, gemm, slots, rows, flags_ptr, epoch, trace_ptr, team, TO_EVERY_RANK: tl.constexpr):
+    """:func:`push_all_tiles` or :func:`push_tiles` (``rows`` = m: a slot's rows), as ``TO_EVERY_RANK`` says."""
     if TO_EVERY_RANK:
-        push_all_tiles(first, step, a, b, slots, rows, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                       flags_ptr, epoch, trace_ptr, rank, world_size, heap_bases,
-                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
+        push_all_tiles(first, step, gemm, slots, flags_ptr, epoch, trace_ptr, team)
     else:
-        push_tiles(first, step, a, b, slots, rows, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                   flags_ptr, epoch, trace_ptr, rank, world_size, heap_bases,
-                   BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
+        push_tiles(first, step, gemm, slots, rows, flags_ptr, epoch, trace_ptr, team)
+
+
+@triton.jit
+def _partial_product(a, b, shape, strides, world_size, TILE: tl.constexpr, USE_TMA: tl.constexpr,
+                     TO_EVERY_RANK: tl.constexpr):
+    """The :class:`~trident.device.bundles.Gemm` of my partial product, from the kernels' launch
+    arguments: A has ``rows`` rows (``shape = (rows, N, K)``) to every rank, else ``W * rows`` (every
+    owner's m); ``TILE = (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)``."""
+    rows = shape[0]
+    a_rows = rows if TO_EVERY_RANK else world_size * rows
+    return Gemm(a, b, (a_rows, shape[1], shape[2]), strides, TILE[0], TILE[1], TILE[2], TILE[3], USE_TMA)
 
 
 @triton.jit
@@ -135,23 +128,22 @@ def sum_slots(slots, c, offs, mask, m, N, world_size):
 @triton.jit
 def push_kernel(
         a, b, slots,                                    # A, B (descriptors or pointers), the slots (symmetric)
-        rows, N, K,                                     # rows: of a slot (m, or M to every rank); K: my shard
-        stride_am, stride_ak, stride_bk, stride_bn,
+        shape, strides,                                 # (rows, N, K), rows: of a slot (m, or M to every rank),
+                                                        # K: my shard; (stride_am, stride_ak, stride_bk, stride_bn)
         sync_ptr, trace_ptr,                            # the sync block; the trace buffer or None
         rank, world_size, heap_bases,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        TILE: tl.constexpr,                             # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
         USE_TMA: tl.constexpr, TO_EVERY_RANK: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """fused_sequential: every tile of my partial product goes into ``slots[rank]`` of its owner
     (of every rank with ``TO_EVERY_RANK``)."""
-    epoch, _ = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
-    wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
-    _push(tl.program_id(0), tl.num_programs(0),
-          a, b, slots,
-          rows, N, K,
-          stride_am, stride_ak, stride_bk, stride_bn,
-          None, epoch, trace_ptr, rank, world_size, heap_bases,  # no flags: reduce_slots_kernel runs after
-          BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, TO_EVERY_RANK)
-    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    team = Team(rank, world_size, heap_bases)
+    rows = shape[0]
+    gemm = _partial_product(a, b, shape, strides, world_size, TILE, USE_TMA, TO_EVERY_RANK)
+    call, _ = enter_call(sync_ptr, team, WORLD_BLOCK)
+    wait_peers_ready(call, team)
+    _push(tl.program_id(0), tl.num_programs(0), gemm, slots, rows,
+          None, call.epoch, trace_ptr, team, TO_EVERY_RANK)  # no flags: reduce_slots_kernel runs after
+    finish_call(call, team)
 
 
 @triton.jit
@@ -165,55 +157,54 @@ def reduce_slots_kernel(slots, c, m, N, world_size, BLOCK: tl.constexpr):
 @triton.jit
 def reduce_flagged_tiles(first, step,
                          slots, c, rows, N,               # my W slots and C (rows x N, contiguous)
-                         flags, epoch, trace_ptr, rank, world_size, heap_bases,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
-                         WORLD_BLOCK: tl.constexpr):
+                         call, trace_ptr, team,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """Tiles ``first, first + step, ...`` of C: acquire the tile's flag from every rank (rank s
-    flags ``flags[s * T + tile]``, T tiles), then sum the W slots into C while later tiles are
+    flags ``FLAGS[s * T + tile]`` of my sync block, T tiles), then sum the W slots into C while later tiles are
     still being computed (a reducer program of a ``workgroup_specialized`` kernel)."""
     TRACE: tl.constexpr = trace_ptr is not None
+    rank = team.rank
+    flags = flag_words(call, team)
     num_pid_m = tl.cdiv(rows, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    sources = tl.arange(0, WORLD_BLOCK)
+    sources = tl.arange(0, call.WORLD_BLOCK)
     for tile in tl.range(first, num_pid_m * num_pid_n, step):
         t0 = trace.now_if(TRACE)
-        wait(flags + sources * (num_pid_m * num_pid_n) + tile, epoch, rank, rank, heap_bases, cmp="ge",
-             mask=sources < world_size)
+        wait(flags + sources * (num_pid_m * num_pid_n) + tile, call.epoch, rank, rank, team.heap_bases, cmp="ge",
+             mask=sources < team.world_size)
         trace.record(trace_ptr, trace.WAIT, tile, rank, t0, rank, TRACE)
         t0 = trace.now_if(TRACE)
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         offs, mask = tile_offsets(pid_m, pid_n, rows, N, N, 1, BLOCK_M, BLOCK_N)
-        sum_slots(slots, c, offs, mask, rows, N, world_size)
+        sum_slots(slots, c, offs, mask, rows, N, team.world_size)
         trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
 
 
 @triton.jit
 def push_reduce_kernel(
         a, b, slots, c,                                 # A, B (descriptors or pointers), the slots, my rows of C
-        rows, N, K,                                     # rows: of a slot (m, or M to every rank); K: my shard
-        stride_am, stride_ak, stride_bk, stride_bn,
+        shape, strides,                                 # (rows, N, K), rows: of a slot (m, or M to every rank),
+                                                        # K: my shard; (stride_am, stride_ak, stride_bk, stride_bn)
         gemm_programs,                                  # the first gemm_programs to arrive push, the rest reduce
         sync_ptr, trace_ptr,                            # the sync block (its flags); the trace buffer or None
         rank, world_size, heap_bases,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        TILE: tl.constexpr,                             # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
         USE_TMA: tl.constexpr, TO_EVERY_RANK: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """workgroup_specialized, two roles by arrival: the first ``gemm_programs`` programs to start
     push tiles and flag them where they stored them; the later ones reduce each of my tiles once
     all W ranks have flagged it. Reducers wait only on GEMM programs: this rank's have all
     started, and no rank's GEMM programs wait on a reducer."""
-    epoch, arrival = enter_call(sync_ptr, rank, world_size, heap_bases, WORLD_BLOCK)
-    flags = flag_words(sync_ptr, world_size)
+    team = Team(rank, world_size, heap_bases)
+    rows = shape[0]
+    gemm = _partial_product(a, b, shape, strides, world_size, TILE, USE_TMA, TO_EVERY_RANK)
+    call, arrival = enter_call(sync_ptr, team, WORLD_BLOCK)
+    flags = flag_words(call, team)
     if arrival < gemm_programs:
-        wait_peers_ready(sync_ptr, epoch, rank, world_size, heap_bases)
-        _push(arrival, gemm_programs,
-              a, b, slots,
-              rows, N, K,
-              stride_am, stride_ak, stride_bk, stride_bn,
-              flags, epoch, trace_ptr, rank, world_size, heap_bases,
-              BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, TO_EVERY_RANK)
+        wait_peers_ready(call, team)
+        _push(arrival, gemm_programs, gemm, slots, rows, flags, call.epoch, trace_ptr, team, TO_EVERY_RANK)
     else:
         reduce_flagged_tiles(arrival - gemm_programs, tl.num_programs(0) - gemm_programs,
-                             slots, c, rows, N,
-                             flags, epoch, trace_ptr, rank, world_size, heap_bases,
-                             BLOCK_M, BLOCK_N, GROUP_M, WORLD_BLOCK)
-    finish_call(sync_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+                             slots, c, rows, gemm.N,
+                             call, trace_ptr, team,
+                             gemm.BLOCK_M, gemm.BLOCK_N, gemm.GROUP_M)
+    finish_call(call, team)
