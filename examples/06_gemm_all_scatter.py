@@ -26,8 +26,7 @@ import triton.language as tl
 
 import trident
 import trident.ops
-from trident.device.bundles import Gemm
-from trident.ops.gemm.tiles import tile_coords, tile_dot, tile_offsets
+from trident.ops.gemm.tiles import Gemm, tile_coords, tile_dot, tile_offsets
 
 
 @triton.jit

@@ -125,6 +125,14 @@ def _tile(tile, limit, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _pull_tiles(src_ptr, dst_ptr, n, pid, rank, peer, heap_bases, BLOCK: tl.constexpr):
+    """Copy this program's tiles of ``n`` elements of ``peer``'s copy of ``src`` into my ``dst``."""
+    for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs, mask = _tile(tile, n, BLOCK)
+        tl.store(dst_ptr + offs, load(src_ptr + offs, rank, peer, heap_bases, mask=mask), mask=mask)
+
+
+@triton.jit
 def _stage_tiles(src_ptr, dst_ptr, n, pid, BLOCK: tl.constexpr):
     """Copy this program's tiles (``pid, pid + programs, ...``) of ``n`` elements from ``src`` to ``dst``.
 
@@ -204,9 +212,7 @@ def all_to_all_kernel(
             first = load(table_ptr + world_size + rank, rank, peer, heap_bases)
             src = shifted(inp_ptr, shift, peer) + first * inner
             dst = out_ptr + tl.load(table_ptr + 2 * world_size + peer) * inner
-        for tile in range(pid, tl.cdiv(count, BLOCK), tl.num_programs(0)):
-            offs, mask = _tile(tile, count, BLOCK)
-            tl.store(dst + offs, load(src + offs, rank, peer, heap_bases, mask=mask), mask=mask)
+        _pull_tiles(src, dst, count, pid, rank, peer, heap_bases, BLOCK)
     _exit(epoch, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
@@ -221,10 +227,7 @@ def broadcast_kernel(
     pid = arrival_ticket(sync_ptr + _ARRIVAL)  # the launch's programs by arrival, not by program id
     epoch, shift = _enter(x_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     if rank != src:
-        source = shifted(x_ptr, shift, src)
-        for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
-            offs, mask = _tile(tile, n, BLOCK)
-            tl.store(x_ptr + offs, load(source + offs, rank, src, heap_bases, mask=mask), mask=mask)
+        _pull_tiles(shifted(x_ptr, shift, src), x_ptr, n, pid, rank, src, heap_bases, BLOCK)
     _exit(epoch, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
 
 

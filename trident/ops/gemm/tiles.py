@@ -12,13 +12,16 @@ BLOCK_K, GROUP_M, USE_TMA)`` at the top of the kernel). Two ways to read A and B
   read as zero. Needs 16-byte aligned bases and row strides.
 * ``USE_TMA=False``: ``a`` and ``b`` are plain pointers with strides; any layout, any alignment.
 
-Both run in the simulator (Triton 3.6's interpreter executes descriptor loads).
+Both run in the simulator (Triton 3.6's interpreter executes descriptor loads). ``Gemm`` and
+``Output`` are importable from here, with the helpers that take them (this module is public API).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from ...device.bundles import Gemm, Output  # noqa: F401 (public here: the tile helpers take them)
 
 
 @triton.jit
