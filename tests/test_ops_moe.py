@@ -330,16 +330,19 @@ def test_bad_input_is_refused():
 COMPILE_CHILD = r'''
 import json
 from tests.sm90_harness import outcome, with_ones
-from trident.ops.moe.kernels import moe_combine_kernel, moe_dispatch_kernel
+from trident.ops.moe.kernels import moe_dispatch_kernel, moe_push_kernel, moe_reduce_kernel
 
 TEAM = {"sync_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64"}
 DISPATCH = {**TEAM, "x_ptr": "*i32", "topk_ptr": "*i64", "recv_x_ptr": "*i32", "recv_src_ptr": "*i64",
             "recv_j_ptr": "*i32", "counts_ptr": "*i32", "local_ptr": "*i32", "status_ptr": "*i64"}
 DISPATCH_SIZES = ("tokens", "row_words", "scale_words", "k", "experts_local", "max_tokens", "capacity")
-COMBINE = {**TEAM, "expert_ptr": "*bf16", "staging_ptr": "*bf16", "out_ptr": "*bf16", "weights_ptr": "*fp32",
-           "topk_ptr": "*i64", "recv_src_ptr": "*i64", "recv_j_ptr": "*i32", "status_ptr": "*i64"}
-COMBINE_SIZES = ("tokens", "hidden", "k", "experts", "max_tokens", "capacity", "pushers")
-ONES = ("rank", "world_size", "tokens", "k", "experts_local", "max_tokens", "pushers")  # Triton's 1-specialisation
+PUSH = {**TEAM, "expert_ptr": "*bf16", "staging_ptr": "*bf16", "recv_src_ptr": "*i64", "recv_j_ptr": "*i32",
+        "status_ptr": "*i64"}
+PUSH_SIZES = ("hidden", "k", "max_tokens", "capacity")
+REDUCE = {"rank": "i32", "expert_ptr": "*bf16", "staging_ptr": "*bf16", "out_ptr": "*bf16", "weights_ptr": "*fp32",
+          "sent_ptr": "*i32"}
+REDUCE_SIZES = ("tokens", "hidden", "k", "capacity")
+ONES = ("rank", "world_size", "tokens", "k", "experts_local", "max_tokens")  # Triton's 1-specialisation
 
 
 def build(name, kernel, signature, sizes, meta, ones, check=None):
@@ -369,8 +372,8 @@ for ones in (False, True):
             meta.update(scales_ptr=None, recv_scales_ptr=None)
         build(f"dispatch fp8={fp8}", moe_dispatch_kernel, {**DISPATCH, "scales_ptr": scale, "recv_scales_ptr": scale},
               DISPATCH_SIZES, meta, ones, "atom")
-    build("combine", moe_combine_kernel, COMBINE, COMBINE_SIZES, {"K_BLOCK": 8, "BLOCK_H": 1024, "WORLD_BLOCK": 8},
-          ones)
+    build("combine push", moe_push_kernel, PUSH, PUSH_SIZES, {"ROWS": 4, "BLOCK_H": 1024, "WORLD_BLOCK": 8}, ones)
+    build("combine reduce", moe_reduce_kernel, REDUCE, REDUCE_SIZES, {"K_BLOCK": 8, "BLOCK_H": 1024}, ones)
 print(json.dumps(results))
 '''
 
@@ -378,4 +381,4 @@ print(json.dumps(results))
 def test_kernels_compile_for_sm90(tmp_path):
     from tests.sm90_harness import assert_compiled
 
-    assert_compiled(COMPILE_CHILD, tmp_path, 6)
+    assert_compiled(COMPILE_CHILD, tmp_path, 8)

@@ -319,7 +319,7 @@ def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, max_
     d = moe.moe_dispatch(ctx, x.contiguous(), topk_idx.contiguous(), num_experts, max_tokens_per_rank,
                          x_scales=x_scales, group=g)
     scales = d.recv_scales if d.recv_scales is not None else d.recv_x.new_empty((d.capacity, 0), dtype=torch.float32)
-    handle = torch.cat([d.handle.recv_j.to(torch.int64), d.handle.status])
+    handle = torch.cat([d.handle.recv_j.to(torch.int64), d.handle.status, d.handle.sent.to(torch.int64)])
     return (_plain_copy(d.recv_x), d.recv_offsets.clone(), d.recv_counts.clone(), d.recv_src.clone(),
             _plain_copy(scales), handle)
 
@@ -336,7 +336,8 @@ def _(x, topk_idx, num_experts, max_tokens_per_rank, x_scales, group):
     scale_cols = x.shape[1] // SCALE_BLOCK if x_scales is not None else 0
     return (x.new_empty((rows, x.shape[1])), topk_idx.new_empty(experts_local, dtype=torch.int32),
             topk_idx.new_empty(experts_local, dtype=torch.int32), topk_idx.new_empty(rows),
-            x.new_empty((rows, scale_cols), dtype=torch.float32), topk_idx.new_empty(rows + STATUS_WORDS))
+            x.new_empty((rows, scale_cols), dtype=torch.float32),
+            topk_idx.new_empty(rows + STATUS_WORDS + topk_idx.shape[0] * topk_idx.shape[1]))
 
 
 def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, topk_idx: torch.Tensor,
@@ -349,14 +350,15 @@ def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, topk_idx: 
 
     ctx, g = resolve(group)
     me = team(ctx, g)
-    capacity = recv_src.shape[0]
-    if handle.shape != (capacity + moe.STATUS_WORDS,) or handle.dtype != torch.int64:
-        raise ValueError(f"{me.who()}: moe_combine: handle must be the int64 [{capacity} + "
-                         f"{moe.STATUS_WORDS}] tensor torch.ops.trident.moe_dispatch returned with recv_src, "
-                         f"got {handle.dtype} {tuple(handle.shape)}")
-    recv_j, status = handle[:capacity].to(torch.int32), handle[capacity:].contiguous()
+    capacity, choices = recv_src.shape[0], topk_idx.numel()
+    if handle.shape != (capacity + moe.STATUS_WORDS + choices,) or handle.dtype != torch.int64:
+        raise ValueError(f"{me.who()}: moe_combine: handle must be the int64 [{capacity} + {moe.STATUS_WORDS} + "
+                         f"{choices}] tensor torch.ops.trident.moe_dispatch returned with recv_src and this "
+                         f"topk_idx, got {handle.dtype} {tuple(handle.shape)}")
+    recv_j, status = handle[:capacity].to(torch.int32), handle[capacity:capacity + moe.STATUS_WORDS].contiguous()
+    sent = handle[capacity + moe.STATUS_WORDS:].to(torch.int32)
     return moe.combine_rows(me, expert_out.contiguous(), topk_weights.contiguous(),
-                            topk_idx.contiguous(), recv_src.contiguous(), recv_j, status, num_experts,
+                            topk_idx.contiguous(), recv_src.contiguous(), recv_j, status, sent, num_experts,
                             max_tokens_per_rank, capacity)
 
 

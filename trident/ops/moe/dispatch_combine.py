@@ -39,7 +39,14 @@ from ...runtime.groups import Group, team
 from ..fused import multinode
 from ..fused.call import check_tensor
 from ..fused.sync import sync_block
-from .kernels import STATUS_NEEDED, STATUS_WORDS, STATUS_WORST, moe_combine_kernel, moe_dispatch_kernel
+from .kernels import (
+    STATUS_NEEDED,
+    STATUS_WORDS,
+    STATUS_WORST,
+    moe_dispatch_kernel,
+    moe_push_kernel,
+    moe_reduce_kernel,
+)
 from .sizing import SCALE_BLOCK, default_capacity, prefill_capacity
 
 #: Token dtypes ``moe_dispatch`` moves (bits, unchanged: fp8 is passed through, not requantised).
@@ -62,10 +69,12 @@ class _State:
 class MoEHandle:
     """The routing a dispatch leaves for its combine (as DeepEP's handle): which of its token's k
     choices each received row is (``recv_j``, int32 ``[capacity]``), the dispatch's counters
-    (``status``, int64 ``[STATUS_WORDS]``), the team it ran on and its call number there."""
+    (``status``, int64 ``[STATUS_WORDS]``), where each of this rank's choices went (``sent``, int32
+    ``[T * k]``: ``owner * capacity + slot``, -1 for none), the team it ran on and its call number there."""
 
     recv_j: torch.Tensor
     status: torch.Tensor
+    sent: torch.Tensor
     team: object
     call: int
 
@@ -231,7 +240,8 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
     return MoEDispatch(got["recv_x"].view(x.dtype), got["offsets"], got["recv_counts"], got["recv_src"],
                        got["recv_scales"] if x_scales is not None else None, num_experts, got["experts_local"],
                        got["max_tokens"], got["rows"], topk_idx,
-                       MoEHandle(got["recv_j"], got["status"], me, state.calls))
+                       MoEHandle(got["recv_j"], got["status"], got["sent"][:x.shape[0] * topk_idx.shape[1]], me,
+                                 state.calls))
 
 
 def _check_dispatch_call(team, tensors, options) -> None:
@@ -271,13 +281,14 @@ def _run_dispatch(team, rec, tensors, options) -> None:
     recv_src = ws.buffer("moe.recv_src", rows, torch.int64)
     recv_j = ws.buffer("moe.recv_j", rows, torch.int32)
     counts = ws.buffer("moe.counts", world * num_experts, torch.int32)
-    local = ws.buffer("moe.local", 2 * num_experts + 2 * experts_local, torch.int32)
-    offsets, recv_counts = local[2 * num_experts:].view(2, experts_local)
+    local = ws.buffer("moe.local", 2 * num_experts + 2 * experts_local + max_tokens * k, torch.int32)
+    offsets, recv_counts = local[2 * num_experts:2 * num_experts + 2 * experts_local].view(2, experts_local)
+    sent = local[2 * num_experts + 2 * experts_local:]  # where each (token, j) went: the combine's map
     status = ws.buffer("moe.status", STATUS_WORDS, torch.int64)
-    sync = sync_block(ctx, max(world + 1, max_tokens * k))  # room for the combine's row flags too
+    sync = sync_block(ctx, world + 1)  # flags: the count rows and the layout
     rec.memo.update(recv_x=recv_words, recv_scales=recv_scales, recv_src=recv_src, recv_j=recv_j, offsets=offsets,
-                    recv_counts=recv_counts, status=status, experts_local=experts_local, max_tokens=max_tokens,
-                    rows=rows)
+                    recv_counts=recv_counts, status=status, sent=sent, experts_local=experts_local,
+                    max_tokens=max_tokens, rows=rows)
     if max_tokens == 0:  # no rank has a token (every rank knows): nothing to send
         rec.every_replay(local.zero_)
         rec.every_replay(status.zero_)
@@ -341,20 +352,22 @@ def moe_combine(ctx, expert_out: torch.Tensor, topk_weights: torch.Tensor, d: Mo
     if d.handle.call != ctx.resource(_STATE_KEY, _State).calls:
         _fail(where, "d is not the latest moe_dispatch on this context: a later dispatch has reused its receive "
                      "buffers. Combine each dispatch before the next one", TridentError)
-    return combine_rows(ctx, expert_out, topk_weights, d.topk_idx, d.recv_src, d.handle.recv_j, d.handle.status,
+    h = d.handle
+    return combine_rows(ctx, expert_out, topk_weights, d.topk_idx, d.recv_src, h.recv_j, h.status, h.sent,
                         d.num_experts, d.max_tokens_per_rank, d.capacity)
 
 
-def combine_rows(team, expert_out, topk_weights, topk_idx, recv_src, recv_j, status, num_experts: int,
+def combine_rows(team, expert_out, topk_weights, topk_idx, recv_src, recv_j, status, sent, num_experts: int,
                  max_tokens: int, capacity: int) -> torch.Tensor:
     """The combine of a dispatch given by its routing tensors (``recv_src``, ``recv_j``: which
-    token and which of its k choices each received row is; ``status``: the dispatch's counters),
-    which may be copies: nothing here reads the dispatch's receive buffers. Returns a new ``[T, H]``."""
+    token and which of its k choices each received row is; ``status``: the dispatch's counters;
+    ``sent``: where each of this rank's choices went), which may be copies: nothing here reads the
+    dispatch's receive buffers. Returns a new ``[T, H]``."""
     hidden = expert_out.shape[1] if isinstance(expert_out, torch.Tensor) and expert_out.dim() == 2 else 0
     tokens = topk_idx.shape[0]
     dtype = expert_out.dtype if isinstance(expert_out, torch.Tensor) else None
     out = torch.empty(tokens, hidden, dtype=dtype, device=team.device)
-    run_call(team, MOE_COMBINE, (expert_out, topk_weights, topk_idx, recv_src, recv_j, status, out),
+    run_call(team, MOE_COMBINE, (expert_out, topk_weights, topk_idx, recv_src, recv_j, status, sent, out),
              (num_experts, max_tokens, capacity))
     return out
 
@@ -373,27 +386,34 @@ def _check_combine(team, tensors, options) -> None:
 
 
 def _run_combine(team, rec, tensors, options) -> None:
-    expert_out, topk_weights, topk_idx, recv_src, recv_j, status, out = tensors
+    expert_out, topk_weights, topk_idx, recv_src, recv_j, status, sent, out = tensors
     num_experts, max_tokens, capacity = options
     (tokens, k), hidden = topk_idx.shape, expert_out.shape[1]
     staging = workspace(team).buffer("moe.combine", max_tokens * k * hidden, expert_out.dtype)
-    sync = sync_block(team, max(team.world_size + 1, max_tokens * k))
+    sync = sync_block(team, team.world_size + 1)  # the dispatch's: the combine raises no flags
     if max_tokens == 0 or hidden == 0:
         rec.discard()
         return
-    programs = max(2, team.platform.program_limit)
     block_h = min(triton.next_power_of_2(hidden), 1024)
-    rec.launch(moe_combine_kernel, (programs,), (
-        expert_out, staging, out, topk_weights, topk_idx,
-        recv_src, recv_j, status,
-        (tokens, hidden, k, num_experts, max_tokens, capacity, programs // 2),
-        sync, team.rank, team.world_size, team.heap_bases),
-        dict(K_BLOCK=triton.next_power_of_2(k), BLOCK_H=block_h, WORLD_BLOCK=triton.next_power_of_2(team.world_size)),
-        num_warps=4 if block_h <= 512 else 8)
+    warps = 4 if block_h <= 512 else 8
+    if team.world_size > 1:  # rows of other ranks' tokens go home first; at one rank every row is local
+        rows = max(1, 4096 // block_h)
+        rec.launch(moe_push_kernel, (max(1, team.platform.program_limit),), (
+            expert_out, staging, recv_src, recv_j, status,
+            (hidden, k, max_tokens, capacity),
+            sync, team.rank, team.world_size, team.heap_bases),
+            dict(ROWS=rows, BLOCK_H=block_h, WORLD_BLOCK=triton.next_power_of_2(team.world_size)), num_warps=warps)
+    if tokens:
+        programs = max(1, min(tokens, 4 * team.platform.program_limit))
+        rec.launch(moe_reduce_kernel, (programs,), (
+            expert_out, staging, out, topk_weights, sent,
+            (tokens, hidden, k, capacity),
+            team.rank),
+            dict(K_BLOCK=triton.next_power_of_2(k), BLOCK_H=block_h), num_warps=warps)
 
 
 #: The combine as the call pipeline runs it (operands: expert_out, topk_weights, topk_idx, recv_src,
-#: recv_j, status, and the new output).
+#: recv_j, status, sent, and the new output).
 MOE_COMBINE = Op("moe_combine", _check_combine, _run_combine,
                  refusal=lambda team: multinode.refuse(team, "moe_combine"),
                  facts=lambda tensors, options: (tensors[0].shape[1], tensors[2].shape[1], str(tensors[0].dtype),

@@ -20,12 +20,17 @@ Dispatch (``moe_dispatch_kernel``), roles by arrival ticket:
   atomic add on the expert's cursor gives the row's slot at the owner, and the row (with its
   scales, its origin and its j) is stored straight into the owner's receive buffer.
 
-Combine (``moe_combine_kernel``): the first ``pushers`` tickets push every received row back into
-its home rank's staging area ``[M * k, H]`` at row ``t * k + j`` and raise that row's flag there;
-the later tickets (the *reducers*) take this rank's tokens, wait for the flags of their valid
-``(t, j)`` and sum ``weight * row`` in fp32. Reducers wait only on pushers, which have earlier
-tickets on every rank and wait on nothing but the peers' first program: the launch finishes
-however few of its programs are resident (docs/reliability.md, forward progress).
+Combine, two steps (one at one rank), no flag per row:
+
+* ``moe_push_kernel`` (between ranks): every received row whose token lives on another rank is
+  stored, ``ROWS`` rows at a time, into row ``t * k + j`` of that rank's staging ``[M * k, H]``; the
+  call's exit handshake (``finish_call``) makes every peer's rows land before the kernel ends.
+* ``moe_reduce_kernel`` (local): each token sums its k rows, weighted, in fp32, reading a row of a
+  local expert where the expert wrote it (the dispatch recorded its slot) and any other in the
+  staging: one pass over the rows. At one rank nothing is pushed and only this kernel runs.
+
+Both kernels' programs wait only at the call's entry and exit, on the peers' programs, so the
+launch finishes however few of its programs are resident (docs/reliability.md, forward progress).
 """
 
 from __future__ import annotations
@@ -126,9 +131,10 @@ def _store_to_choices(dst_ptr, width, offs, values, mask, jj, keep, slots, dests
 def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team,
                K_BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
     """Store this program's tokens (``me, me + programs, ...``) into their experts' owners' buffers
-    ``recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr)``; ``sizes`` is the kernel's."""
+    ``recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr)`` (``sent``: local, where
+    each choice went); ``sizes`` is the kernel's."""
     tokens, row_words, scale_words, k, experts_local, max_tokens, capacity = sizes
-    recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr = recv
+    recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr = recv
     rank, heap_bases = team.rank, team.heap_bases
     experts = experts_local * team.world_size
     jj = tl.arange(0, K_BLOCK)
@@ -141,6 +147,8 @@ def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team,
         keep = valid & (slots < capacity)  # past the capacity: not delivered, reported (status words)
         dests = tl.where(keep, ids // experts_local, rank).to(tl.int32)
         slots = tl.where(keep, slots, 0).to(tl.int64)
+        # Where each choice went (for the combine's local reads): owner * capacity + slot, or -1.
+        tl.store(sent_ptr + t64 * k + jj, tl.where(keep, dests * capacity + slots, -1).to(tl.int32), mask=jj < k)
         store(recv_src_ptr + slots, rank * max_tokens + t64 + slots * 0, rank, dests, heap_bases, mask=keep)
         store(recv_j_ptr + slots, jj, rank, dests, heap_bases, mask=keep)
         for c in range(0, row_words, BLOCK_R):
@@ -169,8 +177,9 @@ def moe_dispatch_kernel(
 ):
     """Send every (token, j) with a valid expert to the expert's owner (see the module doc).
 
-    ``local_ptr`` holds ``2 * E + 2 * E_local`` int32 words: the cursors, the planner's scratch, then
-    this rank's ``recv_offsets`` and ``recv_counts`` (``E_local`` each).
+    ``local_ptr`` holds ``2 * E + 2 * E_local + max_tokens * k`` int32 words: the cursors, the
+    planner's scratch, this rank's ``recv_offsets`` and ``recv_counts`` (``E_local`` each), then where
+    each of its (token, j) went (``owner * capacity + slot``, -1 for none: the combine's map).
     """
     E_BLOCK: tl.constexpr = BLOCKS[0]
     K_BLOCK: tl.constexpr = BLOCKS[1]
@@ -192,63 +201,76 @@ def moe_dispatch_kernel(
     for start in range(unused + me * _FILL, capacity, tl.num_programs(0) * _FILL):
         offs = start + tl.arange(0, _FILL)
         tl.store(recv_src_ptr + offs, tl.full([_FILL], -1, tl.int64), mask=offs < capacity)
-    recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr)
+    sent_ptr = local_ptr + 2 * world_size * sizes[4] + 2 * sizes[4]  # after the offsets and counts
+    recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr)
     _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, local_ptr, sizes, team, K_BLOCK, BLOCK_R, BLOCK_S)
     finish_call(call, team)
 
 
 @triton.jit
-def moe_combine_kernel(
-    expert_ptr, staging_ptr, out_ptr, weights_ptr, topk_ptr,  # expert rows [capacity, H]; staging [M*k, H]
-    recv_src_ptr, recv_j_ptr, status_ptr,                     # the dispatch's (local)
-    sizes,                                                    # (tokens, hidden, k, experts, max_tokens, capacity,
-                                                              #  pushers)
+def moe_push_kernel(
+    expert_ptr, staging_ptr, recv_src_ptr, recv_j_ptr, status_ptr,  # my expert rows; every home's staging
+    sizes,                                                          # (hidden, k, max_tokens, capacity)
     sync_ptr,
     rank, world_size, heap_bases,
-    K_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
-    """``out[t] = sum over valid j of weights[t, j] * (row (t, j) back from its expert)``, in fp32."""
-    tokens, hidden, k, experts, max_tokens, capacity, pushers = sizes
+    """The combine's first step, between ranks: every received row whose token lives on another rank
+    goes into row ``t * k + j`` of that rank's staging (``[M * k, H]``), ``ROWS`` rows a step. No flag
+    per row: when this kernel ends on a rank, every peer's rows into it have landed (``finish_call``)."""
+    hidden, k, max_tokens, capacity = sizes
     team = Team(rank, world_size, heap_bases)
     call, me = enter_call(sync_ptr, team, WORLD_BLOCK)
-    epoch = call.epoch
-    flags = flag_words(call, team)  # [0, M*k): row t*k + j of my staging has landed
-    cols = tl.arange(0, BLOCK_H)
-    if me < pushers:
-        wait_peers_ready(call, team)
-        received = tl.minimum(tl.load(status_ptr + _RECEIVED), capacity)
-        for slot in range(me, received, pushers):
-            src = tl.load(recv_src_ptr + slot)
-            if src >= 0:
-                home = (src // max_tokens).to(tl.int32)
-                row = (src % max_tokens) * k + tl.load(recv_j_ptr + slot)
-                for c in range(0, hidden, BLOCK_H):
-                    offs = c + cols
-                    in_row = offs < hidden
-                    value = tl.load(expert_ptr + tl.cast(slot, tl.int64) * hidden + offs, mask=in_row)
-                    store(staging_ptr + row * hidden + offs, value, rank, home, heap_bases, mask=in_row)
-                signal(flags + row, epoch, rank, home, heap_bases)
-    else:
-        # A dispatch past its capacity delivered fewer rows than the routing says (and reported it):
-        # wait for none, rather than for rows that never come.
-        complete = tl.load(status_ptr + _NEEDED) <= capacity
-        jj = tl.arange(0, K_BLOCK)
-        for t in range(me - pushers, tokens, tl.num_programs(0) - pushers):
-            rows = tl.cast(t, tl.int64) * k + jj
-            ids = tl.load(topk_ptr + rows, mask=jj < k, other=-1)
-            valid = (jj < k) & (ids >= 0) & (ids < experts)
-            weight = tl.load(weights_ptr + rows, mask=valid, other=0.0).to(tl.float32)
-            wait(flags + rows, epoch, rank, rank, heap_bases, cmp="ge", mask=valid & complete)
-            for c in range(0, hidden, BLOCK_H):
-                offs = c + cols
-                in_row = offs < hidden
-                parts = tl.load(staging_ptr + rows[:, None] * hidden + offs[None, :],
-                                mask=valid[:, None] & in_row[None, :], other=0.0).to(tl.float32)
-                total = tl.sum(parts * weight[:, None], axis=0)
-                tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + offs,
-                         total.to(out_ptr.dtype.element_ty), mask=in_row)
+    wait_peers_ready(call, team)  # every home has finished reading its staging of the last call
+    received = tl.minimum(tl.load(status_ptr + _RECEIVED), capacity)
+    lanes, cols = tl.arange(0, ROWS), tl.arange(0, BLOCK_H)
+    for start in range(me * ROWS, received, tl.num_programs(0) * ROWS):
+        slot = start + lanes
+        src = tl.load(recv_src_ptr + slot, mask=slot < received, other=-1)
+        home = (src // max_tokens).to(tl.int32)
+        remote = (src >= 0) & (home != rank)  # a row of my own tokens stays where its expert wrote it
+        home = tl.where(remote, home, rank)
+        row = tl.where(remote, (src % max_tokens) * k + tl.load(recv_j_ptr + slot, mask=remote, other=0), 0)
+        for c in range(0, hidden, BLOCK_H):
+            offs = c + cols
+            mask = remote[:, None] & (offs < hidden)[None, :]
+            values = tl.load(expert_ptr + tl.cast(slot, tl.int64)[:, None] * hidden + offs[None, :], mask=mask)
+            store(staging_ptr + row[:, None] * hidden + offs[None, :], values, rank, home[:, None], heap_bases,
+                  mask=mask)
     finish_call(call, team)
 
 
-__all__ = ["moe_dispatch_kernel", "moe_combine_kernel", "STATUS_RECEIVED", "STATUS_NEEDED", "STATUS_WORST",
-           "STATUS_WORDS"]
+@triton.jit
+def moe_reduce_kernel(
+    expert_ptr, staging_ptr, out_ptr, weights_ptr, sent_ptr,  # my expert rows, my staging, out [T, H], where
+    sizes,                                                    # (tokens, hidden, k, capacity)
+    rank,
+    K_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """The combine's second step, local: ``out[t] = sum over valid j of weights[t, j] * row (t, j)``, in
+    fp32, reading each row where it is: in my expert rows when its expert is mine (``sent`` says which
+    slot), else in my staging, where the push step put it. One pass over the rows, none over a copy."""
+    tokens, hidden, k, capacity = sizes
+    jj, cols = tl.arange(0, K_BLOCK), tl.arange(0, BLOCK_H)
+    for t in range(tl.program_id(0), tokens, tl.num_programs(0)):
+        choice = tl.cast(t, tl.int64) * k + jj
+        sent = tl.load(sent_ptr + choice, mask=jj < k, other=-1)
+        valid = sent >= 0  # a choice past the dispatch's capacity was not delivered (and was reported)
+        local = valid & (sent // capacity == rank)
+        staged = valid & (sent // capacity != rank)
+        slot = tl.cast(tl.where(local, sent % capacity, 0), tl.int64)
+        weight = tl.load(weights_ptr + choice, mask=valid, other=0.0).to(tl.float32)
+        for c in range(0, hidden, BLOCK_H):
+            offs = c + cols
+            in_row = (offs < hidden)[None, :]
+            mine = tl.load(expert_ptr + slot[:, None] * hidden + offs[None, :], mask=local[:, None] & in_row,
+                           other=0.0).to(tl.float32)
+            pushed = tl.load(staging_ptr + choice[:, None] * hidden + offs[None, :], mask=staged[:, None] & in_row,
+                             other=0.0).to(tl.float32)
+            total = tl.sum((mine + pushed) * weight[:, None], axis=0)
+            tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + offs, total.to(out_ptr.dtype.element_ty),
+                     mask=offs < hidden)
+
+
+__all__ = ["moe_dispatch_kernel", "moe_push_kernel", "moe_reduce_kernel", "STATUS_RECEIVED", "STATUS_NEEDED",
+           "STATUS_WORST", "STATUS_WORDS"]

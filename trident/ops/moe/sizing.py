@@ -99,9 +99,9 @@ def moe_heap_bytes(tokens_per_rank: int, hidden: int, topk: int, num_experts: in
         rows * (hidden // SCALE_BLOCK) * 4 if fp8_scales else 0,            # recv_scales (fp32)
         rows * 8, rows * 4,                                                 # recv_src (int64), recv_j (int32)
         world_size * num_experts * 4,                                       # count matrix
-        (2 * num_experts + 2 * (num_experts // world_size)) * 4,            # offsets, counts
+        (2 * num_experts + 2 * (num_experts // world_size) + staged) * 4,   # cursors, offsets, counts, map
         STATUS_WORDS * 8,                                                   # status words
-        sync_words(world_size, max(world_size + 1, staged)) * 8,           # sync block, combine row flags
+        sync_words(world_size, world_size + 1) * 8,                         # sync block
         staged * hidden * out_bytes,                                        # combine staging
     ]
     fixed = [ccl_sync_words(world_size) * 8, 3 * world_size * 8]            # collectives' sync block, table
