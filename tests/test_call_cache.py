@@ -444,9 +444,13 @@ def test_the_bare_launch_passes_what_tritons_launcher_passes():
     Python launcher would do: probed against the installed Triton's real ``__call__``."""
     from trident.kernels.prepared import _bare_launch
 
+    import triton
+
     launcher, calls = _fake_cuda_launcher()
     bare = _bare_launch(launcher)
-    assert bare is not None
+    if bare is None:  # this Triton's launcher does more than pass its arguments on: its own path is kept
+        assert not triton.__version__.startswith("3.6."), "Triton 3.6 (the GPU machine's) must take the shortcut"
+        return
     rest = ("packed", None, None, None, 1234, 7)
     launcher(1, 2, 3, 99, 42, *rest)            # Triton's own path
     c_launch, flags = bare
