@@ -442,9 +442,9 @@ def _fake_cuda_launcher(**sizes):
 def test_the_bare_launch_passes_what_tritons_launcher_passes():
     """The recorded launch calls the launcher's C entry directly only when that is exactly what Triton's
     Python launcher would do: probed against the installed Triton's real ``__call__``."""
-    from trident.kernels.prepared import _bare_launch
-
     import triton
+
+    from trident.kernels.prepared import _bare_launch
 
     launcher, calls = _fake_cuda_launcher()
     bare = _bare_launch(launcher)
