@@ -20,7 +20,8 @@ from tests.conftest import get_pool
 from tests.helpers import assert_no_problems
 from trident import ccl
 from trident.errors import CapacityError
-from trident.ops.moe.dispatch_combine import moe_combine, moe_dispatch
+from trident.ops.moe.combine import moe_combine
+from trident.ops.moe.dispatch import moe_dispatch
 from trident.ops.moe.sizing import prefill_capacity
 from trident.platform import SIMULATOR
 from trident.testing import refusals

@@ -313,7 +313,7 @@ def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, max_
     capacity). Returns ``(recv_x, recv_offsets, recv_counts, recv_src, recv_scales, handle)``, copies
     of the dispatch's buffers; ``recv_scales`` is ``[capacity, 0]`` without ``x_scales``; ``handle``
     is the routing ``moe_combine`` needs (int64), to pass on unchanged."""
-    from .ops.moe import dispatch_combine as moe
+    from .ops.moe import dispatch as moe
 
     ctx, g = resolve(group)
     d = moe.moe_dispatch(ctx, x.contiguous(), topk_idx.contiguous(), num_experts, max_tokens_per_rank,
@@ -326,7 +326,7 @@ def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, max_
 
 @_fake("moe_dispatch")
 def _(x, topk_idx, num_experts, max_tokens_per_rank, x_scales, group):
-    from .ops.moe.dispatch_combine import SCALE_BLOCK
+    from .ops.moe.dispatch import SCALE_BLOCK
     from .ops.moe.kernels import STATUS_WORDS
     from .ops.moe.sizing import default_capacity
 
@@ -346,17 +346,18 @@ def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, topk_idx: 
     """The expert outputs back to their tokens' ranks, weighted and summed (``trident.ops.moe_combine``):
     ``[T, H]``. ``topk_idx``, ``recv_src`` and ``handle`` are the dispatch's (any later dispatch may
     have run in between: nothing here reads its receive buffers)."""
-    from .ops.moe import dispatch_combine as moe
+    from .ops.moe import combine as moe
+    from .ops.moe.kernels import STATUS_WORDS
 
     ctx, g = resolve(group)
     me = team(ctx, g)
     capacity, choices = recv_src.shape[0], topk_idx.numel()
-    if handle.shape != (capacity + moe.STATUS_WORDS + choices,) or handle.dtype != torch.int64:
-        raise ValueError(f"{me.who()}: moe_combine: handle must be the int64 [{capacity} + {moe.STATUS_WORDS} + "
+    if handle.shape != (capacity + STATUS_WORDS + choices,) or handle.dtype != torch.int64:
+        raise ValueError(f"{me.who()}: moe_combine: handle must be the int64 [{capacity} + {STATUS_WORDS} + "
                          f"{choices}] tensor torch.ops.trident.moe_dispatch returned with recv_src and this "
                          f"topk_idx, got {handle.dtype} {tuple(handle.shape)}")
-    recv_j, status = handle[:capacity].to(torch.int32), handle[capacity:capacity + moe.STATUS_WORDS].contiguous()
-    sent = handle[capacity + moe.STATUS_WORDS:].to(torch.int32)
+    recv_j, status = handle[:capacity].to(torch.int32), handle[capacity:capacity + STATUS_WORDS].contiguous()
+    sent = handle[capacity + STATUS_WORDS:].to(torch.int32)
     return moe.combine_rows(me, expert_out.contiguous(), topk_weights.contiguous(),
                             topk_idx.contiguous(), recv_src.contiguous(), recv_j, status, sent, num_experts,
                             max_tokens_per_rank, capacity)

@@ -28,7 +28,8 @@ Example::
 
 from .fused.call import OpSpec
 from .gemm.matmul import SIM_CONFIG, MatmulConfig, matmul, pick_config
-from .moe.dispatch_combine import MoEDispatch, moe_combine, moe_dispatch
+from .moe.combine import moe_combine
+from .moe.dispatch import MoEDispatch, moe_dispatch
 from .moe.sizing import default_capacity, moe_heap_bytes
 from .rmsnorm.all_reduce_rmsnorm import all_reduce_rmsnorm
 from .tensor_parallel.all_gather_gemm import ALL_GATHER_GEMM, all_gather_gemm

@@ -1,2 +1,2 @@
-"""Expert parallelism: MoE dispatch and combine (:mod:`.dispatch_combine`), their kernels
+"""Expert parallelism: MoE dispatch (:mod:`.dispatch`) and combine (:mod:`.combine`), their kernels
 (:mod:`.kernels`) and their heap sizing (:mod:`.sizing`)."""

@@ -1,11 +1,11 @@
-"""Expert parallelism: send tokens to the ranks of their experts, and bring the results back.
+"""MoE dispatch: send tokens to the ranks of their experts (the combine, :mod:`.combine`, brings them back).
 
 ``d = moe_dispatch(ctx, x, topk_idx, num_experts)`` sends each token row of ``x`` to the rank of
 each of its top-k experts (rank r owns experts ``[r * E/W, (r+1) * E/W)``); ``d.recv_x`` then holds
 this rank's rows, grouped by local expert. ``moe_combine(ctx, expert_out, topk_weights, d)`` sends
 every expert output row back to its token's rank and sums them there, weighted, in fp32.
 
-Each call is one kernel with no host synchronisation when ``max_tokens_per_rank`` is given: the
+A dispatch is one kernel with no host synchronisation when ``max_tokens_per_rank`` is given: the
 ranks exchange their counts on the device, each sender computes where its rows go from every
 rank's counts, and stores them straight into the receiver's buffer on the symmetric heap
 (:mod:`trident.ops.moe.kernels`; docs/moe.md has the layout and the protocol). Counts, offsets and
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+from typing import Any
 
 import torch
 import triton
@@ -33,32 +34,24 @@ import triton
 from ...calls import Op, run_call
 from ...ccl.api import all_reduce
 from ...ccl.workspace import workspace
-from ...errors import CapacityError, DivergenceError, TridentError
+from ...errors import CapacityError, DivergenceError
 from ...faults import describe_capacity_fault
 from ...runtime.groups import Group, team
 from ..fused import multinode
 from ..fused.call import check_tensor
 from ..fused.sync import sync_block
-from .kernels import (
-    STATUS_NEEDED,
-    STATUS_WORDS,
-    STATUS_WORST,
-    moe_dispatch_kernel,
-    moe_push_kernel,
-    moe_reduce_kernel,
-)
+from .kernels import STATUS_NEEDED, STATUS_WORDS, STATUS_WORST, moe_dispatch_kernel
 from .sizing import SCALE_BLOCK, default_capacity, prefill_capacity
 
 #: Token dtypes ``moe_dispatch`` moves (bits, unchanged: fp8 is passed through, not requantised).
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
-#: Expert output dtypes ``moe_combine`` sums (in fp32) and returns.
-OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Most experts: the planner holds one count per expert in registers.
 MAX_EXPERTS = 1024
-_STATE_KEY = "ops.moe"
+#: The per-context resource that counts dispatches (a result is valid until the next).
+STATE_KEY = "ops.moe"
 
 
-class _State:
+class DispatchCount:
     """What the context remembers between calls: how many dispatches it ran (a result's generation)."""
 
     def __init__(self):
@@ -131,14 +124,15 @@ class MoEDispatch:
             d = trident.ops.moe_dispatch(ctx, x, idx, 64, max_tokens_per_rank=128, capacity=2048)
             d.check()   # once, outside the captured region, to validate the capacity
         """
-        team = self.handle.team
+        team: Any = self.handle.team
         getattr(team, "ctx", team).check()  # a fault the kernel recorded, raised and cleared
         needed, worst = self.handle.status[STATUS_NEEDED:STATUS_WORST + 1].tolist()
         if needed > self.capacity:
             raise CapacityError(describe_capacity_fault(team.rank, worst, self.capacity, needed))
 
 
-def _fail(where: str, message: str, kind=ValueError):
+def fail(where: str, message: str, kind=ValueError):
+    """Raise ``kind`` with ``where: message`` (the MoE calls' argument errors)."""
     raise kind(f"{where}: {message}")
 
 
@@ -146,7 +140,7 @@ def _check_int(where: str, name: str, value, low: int, optional: bool = True) ->
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        _fail(where, f"{name}={value!r} must be an int >= {low}{' or None' if optional else ''}")
+        fail(where, f"{name}={value!r} must be an int >= {low}{' or None' if optional else ''}")
 
 
 def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, capacity, x_scales) -> None:
@@ -154,26 +148,26 @@ def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, c
     check_tensor(where, "topk_idx", topk_idx, ctx.device, (torch.int64,), dims=2)
     tokens, hidden = x.shape
     if topk_idx.shape[0] != tokens or topk_idx.shape[1] < 1:
-        _fail(where, f"topk_idx {tuple(topk_idx.shape)} must be [T, k] with x's T={tokens} and k >= 1")
+        fail(where, f"topk_idx {tuple(topk_idx.shape)} must be [T, k] with x's T={tokens} and k >= 1")
     if hidden < 1:
-        _fail(where, f"x {tuple(x.shape)} has no columns")
+        fail(where, f"x {tuple(x.shape)} has no columns")
     _check_int(where, "num_experts", num_experts, 1, optional=False)
     if num_experts % ctx.world_size or num_experts > MAX_EXPERTS:
-        _fail(where, f"num_experts={num_experts} must be divisible by the world size {ctx.world_size} (rank r "
+        fail(where, f"num_experts={num_experts} must be divisible by the world size {ctx.world_size} (rank r "
                      f"owns experts [r*E/W, (r+1)*E/W)) and at most {MAX_EXPERTS}")
     _check_int(where, "max_tokens_per_rank", max_tokens_per_rank, 0)
     if max_tokens_per_rank is not None and tokens > max_tokens_per_rank:
-        _fail(where, f"x has {tokens} tokens, more than max_tokens_per_rank={max_tokens_per_rank}")
+        fail(where, f"x has {tokens} tokens, more than max_tokens_per_rank={max_tokens_per_rank}")
     _check_int(where, "capacity", capacity, 0)
     if x.dtype != torch.float8_e4m3fn:
         if x_scales is not None:
-            _fail(where, f"x_scales is only for float8_e4m3fn tokens; x is {x.dtype}")
+            fail(where, f"x_scales is only for float8_e4m3fn tokens; x is {x.dtype}")
         return
     if x_scales is None:
-        _fail(where, "float8_e4m3fn tokens need x_scales [T, H/128] float32 (they travel with their rows)")
+        fail(where, "float8_e4m3fn tokens need x_scales [T, H/128] float32 (they travel with their rows)")
     check_tensor(where, "x_scales", x_scales, ctx.device, (torch.float32,), dims=2)
     if hidden % SCALE_BLOCK or tuple(x_scales.shape) != (tokens, hidden // SCALE_BLOCK):
-        _fail(where, f"x_scales {tuple(x_scales.shape)} must be [T, H/{SCALE_BLOCK}] = "
+        fail(where, f"x_scales {tuple(x_scales.shape)} must be [T, H/{SCALE_BLOCK}] = "
                      f"[{tokens}, {hidden / SCALE_BLOCK:g}] for x {tuple(x.shape)} (H a multiple of {SCALE_BLOCK})")
 
 
@@ -234,7 +228,7 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
     """
     me = team(ctx, group)
     rec = run_call(me, MOE_DISPATCH, (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity))
-    state = me.resource(_STATE_KEY, _State)
+    state = me.resource(STATE_KEY, DispatchCount)
     state.calls += 1
     got = rec.memo
     return MoEDispatch(got["recv_x"].view(x.dtype), got["offsets"], got["recv_counts"], got["recv_src"],
@@ -269,7 +263,7 @@ def _run_dispatch(team, rec, tensors, options) -> None:
         bad = topk_idx[(topk_idx < -1) | (topk_idx >= num_experts)].unique().tolist()
         ctx.agree_in_debug("moe_dispatch: topk_idx ids outside [-1, num_experts)", bad)
         if bad:
-            _fail(where, f"topk_idx holds ids outside [-1, {num_experts}): {bad}")
+            fail(where, f"topk_idx holds ids outside [-1, {num_experts}): {bad}")
     rows = default_capacity(world, max_tokens, k) if capacity is None else int(capacity)
     # Every buffer is asked for on every rank with the same size (collective), in the same order.
     ws = workspace(ctx)
@@ -322,103 +316,5 @@ MOE_DISPATCH = Op("moe_dispatch", _check_dispatch_call, _run_dispatch,
                   cacheable=lambda options: options[1] is not None)
 
 
-def moe_combine(ctx, expert_out: torch.Tensor, topk_weights: torch.Tensor, d: MoEDispatch,
-                group=None) -> torch.Tensor:
-    """Send every expert output row back to its token's rank and sum it there, weighted (collective).
-
-    Args:
-        expert_out: ``[capacity, H]`` (bf16, fp16 or fp32): row i is the expert's output for received
-            row i of ``d`` (unused rows are ignored). Any placement (read locally).
-        topk_weights: ``[T, k]`` (fp32, bf16 or fp16), this rank's routing weights.
-        d: this rank's result of the latest :func:`moe_dispatch` on this context (or group).
-        group: the group ``d`` was made in, or None for the whole world.
-
-    Returns:
-        ``[T, H]`` in ``expert_out``'s dtype: ``out[t] = sum over j with topk_idx[t, j] >= 0 of
-        topk_weights[t, j] * expert_out[row of (t, j)]``, accumulated in fp32.
-
-    Example::
-
-        out = trident.ops.moe_combine(ctx, expert_out, topk_weights, d)
-    """
-    ctx = team(ctx, group)
-    if ctx.spans_nodes:  # several nodes: see trident.ops.fused.multinode
-        raise multinode.refuse(ctx, "moe_combine")
-    where = f"{ctx.who()}: moe_combine"
-    if not isinstance(d, MoEDispatch):
-        _fail(where, f"d must be the MoEDispatch of trident.ops.moe_dispatch, got {type(d).__name__}", TypeError)
-    if d.handle.team is not ctx:
-        _fail(where, "d was made by moe_dispatch on another context or group: pass the same ctx and group")
-    if d.handle.call != ctx.resource(_STATE_KEY, _State).calls:
-        _fail(where, "d is not the latest moe_dispatch on this context: a later dispatch has reused its receive "
-                     "buffers. Combine each dispatch before the next one", TridentError)
-    h = d.handle
-    return combine_rows(ctx, expert_out, topk_weights, d.topk_idx, d.recv_src, h.recv_j, h.status, h.sent,
-                        d.num_experts, d.max_tokens_per_rank, d.capacity)
-
-
-def combine_rows(team, expert_out, topk_weights, topk_idx, recv_src, recv_j, status, sent, num_experts: int,
-                 max_tokens: int, capacity: int) -> torch.Tensor:
-    """The combine of a dispatch given by its routing tensors (``recv_src``, ``recv_j``: which
-    token and which of its k choices each received row is; ``status``: the dispatch's counters;
-    ``sent``: where each of this rank's choices went), which may be copies: nothing here reads the
-    dispatch's receive buffers. Returns a new ``[T, H]``."""
-    hidden = expert_out.shape[1] if isinstance(expert_out, torch.Tensor) and expert_out.dim() == 2 else 0
-    tokens = topk_idx.shape[0]
-    dtype = expert_out.dtype if isinstance(expert_out, torch.Tensor) else None
-    out = torch.empty(tokens, hidden, dtype=dtype, device=team.device)
-    run_call(team, MOE_COMBINE, (expert_out, topk_weights, topk_idx, recv_src, recv_j, status, sent, out),
-             (num_experts, max_tokens, capacity))
-    return out
-
-
-def _check_combine(team, tensors, options) -> None:
-    expert_out, topk_weights, topk_idx = tensors[:3]
-    where, capacity = f"{team.who()}: moe_combine", options[2]
-    check_tensor(where, "expert_out", expert_out, team.device, OUT_DTYPES, dims=2)
-    check_tensor(where, "topk_weights", topk_weights, team.device, (torch.float32, torch.bfloat16, torch.float16),
-                 dims=2)
-    if expert_out.shape[0] != capacity:
-        _fail(where, f"expert_out {tuple(expert_out.shape)} must have d.capacity={capacity} rows "
-                     f"(one per row of d.recv_x)")
-    if topk_weights.shape != topk_idx.shape:
-        _fail(where, f"topk_weights {tuple(topk_weights.shape)} must match topk_idx {tuple(topk_idx.shape)}")
-
-
-def _run_combine(team, rec, tensors, options) -> None:
-    expert_out, topk_weights, topk_idx, recv_src, recv_j, status, sent, out = tensors
-    num_experts, max_tokens, capacity = options
-    (tokens, k), hidden = topk_idx.shape, expert_out.shape[1]
-    staging = workspace(team).buffer("moe.combine", max_tokens * k * hidden, expert_out.dtype)
-    sync = sync_block(team, team.world_size + 1)  # the dispatch's: the combine raises no flags
-    if max_tokens == 0 or hidden == 0:
-        rec.discard()
-        return
-    block_h = min(triton.next_power_of_2(hidden), 1024)
-    warps = 4 if block_h <= 512 else 8
-    if team.world_size > 1:  # rows of other ranks' tokens go home first; at one rank every row is local
-        rows = max(1, 4096 // block_h)
-        rec.launch(moe_push_kernel, (max(1, team.platform.program_limit),), (
-            expert_out, staging, recv_src, recv_j, status,
-            (hidden, k, max_tokens, capacity),
-            sync, team.rank, team.world_size, team.heap_bases),
-            dict(ROWS=rows, BLOCK_H=block_h, WORLD_BLOCK=triton.next_power_of_2(team.world_size)), num_warps=warps)
-    if tokens:
-        programs = max(1, min(tokens, 4 * team.platform.program_limit))
-        rec.launch(moe_reduce_kernel, (programs,), (
-            expert_out, staging, out, topk_weights, sent,
-            (tokens, hidden, k, capacity),
-            team.rank),
-            dict(K_BLOCK=triton.next_power_of_2(k), BLOCK_H=block_h), num_warps=warps)
-
-
-#: The combine as the call pipeline runs it (operands: expert_out, topk_weights, topk_idx, recv_src,
-#: recv_j, status, sent, and the new output).
-MOE_COMBINE = Op("moe_combine", _check_combine, _run_combine,
-                 refusal=lambda team: multinode.refuse(team, "moe_combine"),
-                 facts=lambda tensors, options: (tensors[0].shape[1], tensors[2].shape[1], str(tensors[0].dtype),
-                                                 options[2]))
-
-
-__all__ = ["moe_dispatch", "moe_combine", "MoEDispatch", "MoEHandle", "MOE_DISPATCH", "MOE_COMBINE", "X_DTYPES",
-           "OUT_DTYPES", "SCALE_BLOCK", "MAX_EXPERTS"]
+__all__ = ["moe_dispatch", "MoEDispatch", "MoEHandle", "MOE_DISPATCH", "X_DTYPES", "SCALE_BLOCK", "MAX_EXPERTS",
+           "STATUS_WORDS"]
