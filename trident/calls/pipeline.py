@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NoReturn, cast
+from typing import TYPE_CHECKING, cast
 
 from ..errors import TopologyError
-from ..runtime.device_loss import explain_lost_context
+from ..runtime.device_loss import raise_explained
 from ..runtime.resources import note_call
 from .cache import layout_key
 from .recording import Recording
@@ -102,7 +102,7 @@ def run_call(team: Team, op: Op, tensors: tuple, options: tuple = ()):
                 try:
                     entry.replay(tensors)
                 except RuntimeError as error:
-                    _raise_explained(team, error)
+                    raise_explained(team, error)
                 return entry
     _check(team, op, tensors, options)
     rec = Recording(tensors, team.heap_range, on_gpu=not team.platform.simulator,
@@ -111,19 +111,11 @@ def run_call(team: Team, op: Op, tensors: tuple, options: tuple = ()):
     try:
         op.run(team, rec, tensors, options)
     except RuntimeError as error:
-        _raise_explained(team, error)
+        raise_explained(team, error)
     # Kept only if every step launched on the buffers as they are now (none moved after a step).
     if key is not None and rec.kept and rec.generations <= {cache.generation}:
         cache.put(key, rec)
     return rec
-
-
-def _raise_explained(team: Team, error: RuntimeError) -> NoReturn:
-    """Raise ``error``, or the error naming its cause when a peer died mid-kernel under MPS."""
-    explained = explain_lost_context(team, error)
-    if explained is None:
-        raise error
-    raise explained from error
 
 
 def _check(team: Team, op: Op, tensors: tuple, options: tuple) -> None:

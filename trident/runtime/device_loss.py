@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import NoReturn
 
 from ..errors import LostGpuContextError
 
@@ -71,7 +72,21 @@ def naming_lost_peers(team):
     try:
         yield
     except RuntimeError as error:
-        explained = explain_lost_context(team, error)
-        if explained is None:
-            raise
-        raise explained from error
+        raise_explained(team, error)
+
+
+def raise_explained(team, error: RuntimeError) -> NoReturn:
+    """Raise ``error``, or, when a peer of ``team`` died mid-kernel, the error that says so
+    (:func:`explain_lost_context`). For an ``except`` block on a path too hot for a ``with``.
+
+    Example::
+
+        try:
+            entry.replay(tensors)
+        except RuntimeError as error:
+            raise_explained(team, error)
+    """
+    explained = explain_lost_context(team, error)
+    if explained is None:
+        raise error
+    raise explained from error
