@@ -107,26 +107,17 @@ def direct_launcher(compiled, grid: tuple[int, ...]):
     device = torch.cuda.current_device()
     hooks = knobs.runtime
     g0, g1, g2 = grid
-    bare = _bare_launch(run)
+    # The launcher's C entry (with its flags) where its Python step only passes arguments on, else the launcher.
+    target, flags = _bare_launch(run) or (run, ())
+    meta = (*flags, packed, None, None, None)  # the launch metadata, no launch hooks
 
-    if bare is not None:
-        c_launch, flags = bare
-
-        def launch(*args) -> None:
-            if _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
-                runner(*args)
-                return
-            c_launch(g0, g1, g2, raw_stream(device), function, *flags, packed, None, None, None, *args)
-
-        return launch
-
-    def launch_through_launcher(*args) -> None:
+    def launch(*args) -> None:
         if _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
             runner(*args)
             return
-        run(g0, g1, g2, raw_stream(device), function, packed, None, None, None, *args)
+        target(g0, g1, g2, raw_stream(device), function, *meta, *args)
 
-    return launch_through_launcher
+    return launch
 
 
 #: A launcher class -> whether its ``__call__`` only passes its arguments on (probed once per class).
