@@ -35,7 +35,7 @@ import triton.language as tl
 import trident
 
 from ..platform import SIMULATOR
-from . import harness, plots
+from . import harness, moe, plots
 
 
 @triton.jit
@@ -143,17 +143,14 @@ def _host_cases(ctx, small_only: bool):
                    partial(trident.ops.gemm_all_reduce, ctx, A, B, C_gar, **fused)),
                   (f"all_reduce_rmsnorm {label}", "fused op",
                    partial(trident.ops.all_reduce_rmsnorm, ctx, x_norm, weight, residual=x_norm))]
-    return cases + _moe_cases(ctx, dtype), keep
+    return cases + _moe_cases(ctx), keep
 
 
-def _moe_cases(ctx, dtype) -> list:
-    """A decode-sized MoE dispatch and combine (128 tokens per rank, 8 in the simulator; hidden 256,
-    top-2 of 4 experts per rank, ``max_tokens_per_rank`` given: no host sync)."""
+def _moe_cases(ctx) -> list:
+    """A decode-sized MoE dispatch and combine (128 tokens per rank, 8 in the simulator; bf16, hidden 256,
+    top-2 of 4 experts per rank, ``max_tokens_per_rank`` given: no host sync), on ``trident bench moe``'s inputs."""
     tokens, hidden, k, experts = (8 if ctx.platform.simulator else 128), 256, 2, 4 * ctx.world_size
-    gen = torch.Generator().manual_seed(ctx.rank)
-    x = torch.randn(tokens, hidden, generator=gen).to(ctx.device, dtype)
-    idx = torch.rand(tokens, experts, generator=gen).topk(k, dim=1).indices.to(ctx.device)
-    weights = torch.rand(tokens, k, generator=gen).to(ctx.device)
+    x, _, _, idx, weights = moe.inputs(ctx, tokens, hidden, k, experts, seed=0)
     dispatch = partial(trident.ops.moe_dispatch, ctx, x, idx, experts, max_tokens_per_rank=tokens)
     latest: dict = {}
 

@@ -43,8 +43,14 @@ MODELS = {"deepseek-v3": (7168, 8, 256), "tiny": (128, 2, 8)}
 FP8 = torch.float8_e4m3fn
 
 
-def _inputs(ctx, tokens: int, hidden: int, k: int, experts: int, seed: int):
-    """x (bf16), its fp8 version and scales, routing [T, k] (distinct experts) and weights, on the device."""
+def inputs(ctx, tokens: int, hidden: int, k: int, experts: int, seed: int):
+    """x (bf16), its fp8 version and scales, routing [T, k] (distinct experts) and weights, on the device
+    (also ``trident bench latency``'s MoE rows).
+
+    Example::
+
+        x, x8, scales, idx, weights = inputs(ctx, 128, 7168, 8, 256, seed=0)
+    """
     gen = torch.Generator().manual_seed(1000 * seed + ctx.rank)
     x = torch.randn(tokens, hidden, generator=gen)
     idx = torch.rand(tokens, experts, generator=gen).topk(k, dim=1).indices
@@ -145,7 +151,7 @@ def _time(ctx, args, fn, row: dict, moved_bytes: int, graph: bool, floor: tuple[
 def _case(ctx, args, model: str, tokens: int) -> tuple[list[dict], bool]:
     """Every row of one model and token count, and whether trident's combine gave the expected result."""
     hidden, k, experts = MODELS[model]
-    x, x8, scales, idx, weights = _inputs(ctx, tokens, hidden, k, experts, seed=tokens)
+    x, x8, scales, idx, weights = inputs(ctx, tokens, hidden, k, experts, seed=tokens)
     ops, graphs, rows = trident.ops, not ctx.platform.simulator, []
     routed = _routed_rows(idx)
     base = {"model": model, "tokens": tokens}
@@ -183,7 +189,7 @@ def _presize(ctx, args) -> None:
     model = max(args.models, key=lambda m: _need(m, max(args.tokens), ctx.world_size))
     hidden, k, experts = MODELS[model]
     tokens = max(args.tokens)
-    x, x8, scales, idx, weights = _inputs(ctx, tokens, hidden, k, experts, seed=0)
+    x, x8, scales, idx, weights = inputs(ctx, tokens, hidden, k, experts, seed=0)
     d = trident.ops.moe_dispatch(ctx, x, idx, experts, max_tokens_per_rank=tokens)  # bf16 first: the widest rows
     trident.ops.moe_combine(ctx, d.recv_x, weights, d)
     trident.ops.moe_dispatch(ctx, x8, idx, experts, x_scales=scales, max_tokens_per_rank=tokens)
