@@ -222,10 +222,11 @@ class SymmetricHeapMixin(TensorFactory):
             ctx.free(tmp)
         """
         self._check_open()
+        pooled = self._pooled_offsets()  # heap_allocations' segments: given back when their tensors die
         for t in tensors:
             self._require_symmetric(t, "ctx.free")
             offset = self.heap_offset(t)
-            if offset in self._pooled_offsets():
+            if offset in pooled:
                 raise ValueError(f"rank {self.rank}: ctx.free: this tensor was made inside ctx.heap_allocations(); "
                                  f"its memory goes back to the heap when its last view is dropped (del it)")
             if self._allocator.block_at(offset) is None:
