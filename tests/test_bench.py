@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import script_env
-from trident.bench import harness, summary
+from trident.bench import arguments, harness, summary
 from trident.platform import PROCESS_BACKEND, SIMULATOR
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -32,13 +32,13 @@ def _png_ok(path):
 # ---- harness, no ranks -----------------------------------------------------------------------
 
 def test_sizes_and_units():
-    assert harness.parse_bytes("4K") == 4096 and harness.parse_bytes("2GiB") == 2 << 30
-    assert harness.parse_bytes("64M") == 64 << 20 and harness.parse_bytes("1000") == 1000
-    assert harness.size_sweep(4096, 32768) == [4096, 8192, 16384, 32768]
-    assert harness.size_sweep(1024, 16384, 4) == [1024, 4096, 16384]
-    assert harness.human_bytes(4096) == "4 KiB" and harness.human_bytes(2 << 30) == "2 GiB"
+    assert arguments.parse_bytes("4K") == 4096 and arguments.parse_bytes("2GiB") == 2 << 30
+    assert arguments.parse_bytes("64M") == 64 << 20 and arguments.parse_bytes("1000") == 1000
+    assert arguments.size_sweep(4096, 32768) == [4096, 8192, 16384, 32768]
+    assert arguments.size_sweep(1024, 16384, 4) == [1024, 4096, 16384]
+    assert arguments.human_bytes(4096) == "4 KiB" and arguments.human_bytes(2 << 30) == "2 GiB"
     with pytest.raises(ValueError):
-        harness.size_sweep(8, 4)
+        arguments.size_sweep(8, 4)
 
 
 def test_time_ms_calls_warmup_plus_repeats_and_takes_the_median():

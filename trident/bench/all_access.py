@@ -31,7 +31,7 @@ import triton.language as tl
 
 import trident
 
-from . import harness, plots
+from . import arguments, harness, plots
 from .p2p import fill_pattern
 
 
@@ -66,13 +66,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="trident bench all-load|all-store", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=["load", "store"], required=True)
-    harness.add_size_range_args(parser, 4 << 10, 2 << 30, what="B")
+    arguments.add_size_range_args(parser, 4 << 10, 2 << 30, what="B")
     parser.add_argument("--factor", type=int, default=2, help="B grows by this factor")
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--block", type=int, default=4096, help="elements per program")
     parser.add_argument("--num-warps", type=int, default=8)
     parser.add_argument("--no-reference", action="store_true", help="skip the copy-engine and NCCL lines")
-    harness.add_common_args(parser, "all_load")
+    arguments.add_common_args(parser, "all_load")
     args = parser.parse_args(argv)
     if args.out == "results/all_load" and args.mode == "store":
         args.out = "results/all_store"
@@ -81,7 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def sim_sizes(args) -> None:
     """Shrink a run for the simulator (Triton's interpreter): check the path, not the speed."""
-    harness.cap_size_range(args, 16 << 10)
+    arguments.cap_size_range(args, 16 << 10)
     args.factor = max(args.factor, 2)
     args.block, args.num_warps = min(args.block, 256), 4
     args.warmup, args.repeats = min(args.warmup, 1), min(args.repeats, 2)
@@ -133,7 +133,7 @@ def run(ctx, args) -> dict:
     """
     dtype = getattr(torch, args.dtype)
     w, peers = ctx.world_size, max(ctx.world_size - 1, 1)
-    sizes = harness.size_sweep(args.min_bytes, args.max_bytes, args.factor)
+    sizes = arguments.size_sweep(args.min_bytes, args.max_bytes, args.factor)
     nmax = max(sizes[-1] // dtype.itemsize, 1)
     x, y = ctx.empty(nmax, dtype=dtype), ctx.zeros(w * nmax, dtype=dtype)
     fill_pattern(x, ctx.rank)
@@ -177,7 +177,7 @@ def run(ctx, args) -> dict:
 def report(record: dict, out: str) -> list[str]:
     """Write the JSON and the curve PNG into ``out``, print the table; returns the files written."""
     stem = record["benchmark"].replace("-", "_")
-    rows = [dict(r, size=harness.human_bytes(r["bytes"])) for r in record["rows"]]
+    rows = [dict(r, size=arguments.human_bytes(r["bytes"])) for r in record["rows"]]
     columns = [("size", "B per rank", ""), ("grid", "programs", "d"), ("trident_ms", "ms", ".4f"),
                ("trident_gbps", "GB/s (all ranks)", ".4g"), ("per_rank_gbps", "GB/s per rank", ".4g"),
                ("copy_engine_gbps", "copy engine GB/s", ".4g"), ("nccl_gbps", "NCCL GB/s", ".4g"),

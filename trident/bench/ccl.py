@@ -9,7 +9,6 @@ the output says those numbers are not performance figures.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 
@@ -18,8 +17,7 @@ import torch.distributed as dist
 
 import trident
 
-from ..platform import SIMULATOR
-from . import harness, plots
+from . import arguments, harness, plots
 
 # busbw = algbw * factor(world), as in nccl-tests; algbw counts the bytes of the largest buffer.
 BUS_FACTOR = {
@@ -52,16 +50,10 @@ def _cases(ctx, nbytes: int, dtype: torch.dtype, with_nccl: bool):
     return cases, n * dtype.itemsize, (x, big)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """The benchmark's arguments (``trident bench ccl --help``)."""
-    return harness.message_size_parser("trident bench ccl", __doc__, "ccl", 1 << 30, warmup=5,
-                                       repeats=20).parse_args(argv)
-
-
-def sim_sizes(args) -> None:
-    """The simulator runs tiny sizes: it checks the benchmark, not the speed."""
-    harness.cap_size_range(args, 1 << 14)
-    args.repeats, args.warmup = 2, 1
+# ``trident bench ccl --help``
+parse_args = arguments.message_size_args("trident bench ccl", __doc__, "ccl", 1 << 30, warmup=5, repeats=20)
+# The simulator runs tiny sizes: it checks the benchmark, not the speed.
+sim_sizes = arguments.simulator_sizes(1 << 14, warmup=1, repeats=2)
 
 
 def run(ctx, args) -> dict:
@@ -75,7 +67,7 @@ def run(ctx, args) -> dict:
     with_nccl = ctx.platform.nccl_usable
     record = harness.new_record(ctx, "ccl", harness.params(args))
     record["nccl_compared"] = with_nccl
-    for size in harness.progress(harness.size_sweep(args.min_bytes, args.max_bytes, 4), ctx, args, "ccl"):
+    for size in harness.progress(arguments.size_sweep(args.min_bytes, args.max_bytes, 4), ctx, args, "ccl"):
         cases, nbytes, keep = _cases(ctx, size, dtype, with_nccl)
         for collective, impl, fn in cases:
             ctx.barrier()
@@ -98,8 +90,7 @@ def report(record: dict, out: str) -> list[str]:
 
 def main(argv=None) -> int:
     """Run ``trident bench ccl`` on this rank (started once per rank by ``trident bench``); returns 0."""
-    harness.bench_main(argv, parse_args, run, report,
-                       lambda args: 64 << 20 if SIMULATOR else 8 * args.max_bytes + (256 << 20), sim_sizes)
+    harness.bench_main(argv, parse_args, run, report, harness.message_size_heap, sim_sizes)
     return 0
 
 

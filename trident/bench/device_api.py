@@ -24,7 +24,7 @@ import triton.language as tl
 
 import trident
 
-from . import harness, plots
+from . import arguments, harness, plots
 
 
 @triton.jit
@@ -99,7 +99,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--blocks", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
-    harness.add_common_args(parser, "device_api", warmup=5, repeats=20)
+    arguments.add_common_args(parser, "device_api", warmup=5, repeats=20)
     return parser.parse_args(argv)
 
 
@@ -124,7 +124,7 @@ def run(ctx, args) -> dict:
     for size in sizes:
         n = size // dtype.itemsize
         x, y = ctx.randn(n, dtype=dtype), ctx.empty(n, dtype=dtype)
-        for name, kernel in harness.progress(VARIANTS.items(), ctx, args, harness.human_bytes(size)):
+        for name, kernel in harness.progress(VARIANTS.items(), ctx, args, arguments.human_bytes(size)):
             y.zero_()
             best = (float("inf"), None, "n/a")
             for block in args.blocks:
@@ -135,7 +135,7 @@ def run(ctx, args) -> dict:
                 if ms < best[0]:
                     best = (ms, block, vector_width(None if ctx.platform.simulator else compiled))
             correct = bool(all(harness.all_values(ctx, torch.equal(x, y))))
-            record["rows"].append({"variant": name, "bytes": size, "size": harness.human_bytes(size),
+            record["rows"].append({"variant": name, "bytes": size, "size": arguments.human_bytes(size),
                                    "block": best[1], "ms": best[0], "gb_per_s": 2 * size / (best[0] * 1e-3) / 1e9,
                                    "vector_access": best[2], "correct": correct})
         ctx.free(x, y)

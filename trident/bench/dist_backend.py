@@ -12,7 +12,6 @@ on the CPU, so ``dispatch_us`` is measured a second way, which the simulator can
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
@@ -20,20 +19,13 @@ import torch.distributed as dist
 
 import trident
 
-from ..platform import SIMULATOR
-from . import harness
+from . import arguments, harness
 
-
-def parse_args(argv=None) -> argparse.Namespace:
-    """The benchmark's arguments (``trident bench dist-backend --help``)."""
-    return harness.message_size_parser("trident bench dist-backend", __doc__, "dist_backend", 1 << 20, warmup=10,
-                                       repeats=100).parse_args(argv)
-
-
-def sim_sizes(args) -> None:
-    """Tiny sizes: the simulator checks the benchmark and measures the Python layers only."""
-    harness.cap_size_range(args, 1 << 12)
-    args.repeats, args.warmup = 20, 3
+# ``trident bench dist-backend --help``
+parse_args = arguments.message_size_args("trident bench dist-backend", __doc__, "dist_backend", 1 << 20,
+                                         warmup=10, repeats=100)
+# Tiny sizes: the simulator checks the benchmark and measures the Python layers only.
+sim_sizes = arguments.simulator_sizes(1 << 12, warmup=3, repeats=20)
 
 
 def run(ctx, args) -> dict:
@@ -49,7 +41,7 @@ def run(ctx, args) -> dict:
     record = harness.new_record(ctx, "dist_backend", harness.params(args))
     record["nccl_compared"] = ctx.platform.nccl_usable
     try:
-        for size in harness.progress(harness.size_sweep(args.min_bytes, args.max_bytes, 4), ctx, args, "dist"):
+        for size in harness.progress(arguments.size_sweep(args.min_bytes, args.max_bytes, 4), ctx, args, "dist"):
             t = torch.zeros(max(size // dtype.itemsize, 1), dtype=dtype, device=ctx.device)
             ways = {"torch.distributed (trident backend)": lambda t=t: dist.all_reduce(t, group=group),
                     "trident.ccl": lambda t=t: trident.ccl.all_reduce(ctx, t, group=group.group)}
@@ -94,8 +86,7 @@ def report(record: dict, out: str) -> list[str]:
 
 def main(argv=None) -> int:
     """Run ``trident bench dist-backend`` on this rank (started once per rank by ``trident bench``); returns 0."""
-    harness.bench_main(argv, parse_args, run, report,
-                       lambda args: 64 << 20 if SIMULATOR else 8 * args.max_bytes + (256 << 20), sim_sizes)
+    harness.bench_main(argv, parse_args, run, report, harness.message_size_heap, sim_sizes)
     return 0
 
 

@@ -20,7 +20,7 @@ import torch
 
 from trident.ops import MatmulConfig, matmul, pick_config
 
-from . import harness, plots
+from . import arguments, harness, plots
 
 PAPER_SHAPES = [(8192, 4608, 36864), (8192, 3584, 14336), (8192, 576, 36864), (8192, 448, 14336),
                 (4096, 4096, 4096), (4096, 4096, 16384)]
@@ -99,7 +99,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sweep", action="store_true", help="also time the candidate configs")
     parser.add_argument("--only", default=None, metavar="FIELD=VALUE,...",
                         help="sweep only the candidates with these config fields, e.g. split_tail=True")
-    harness.add_common_args(parser, "gemm", warmup=5, repeats=30)
+    arguments.add_common_args(parser, "gemm", warmup=5, repeats=30)
     return parser.parse_args(argv)
 
 

@@ -23,7 +23,7 @@ import trident
 from trident.ops import PATTERNS, matmul
 
 from ..platform import SIMULATOR
-from . import harness
+from . import arguments, harness
 from .fused_ops import SIM_SHAPES, check_and_time, record_timeline, report, shape_rows
 
 GPU_SHAPES = [(8192, 4608, 36864), (8192, 3584, 14336), (4096, 4096, 4096), (4096, 8192, 8192)]
@@ -38,7 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--comm-programs", type=int, default=None, help="communication programs (pc, ws)")
     parser.add_argument("--trace", action="store_true",
                         help="also record one call of each pattern per shape: Perfetto JSON + PNG timeline")
-    harness.add_common_args(parser, "gemm_all_scatter", warmup=3, repeats=10)
+    arguments.add_common_args(parser, "gemm_all_scatter", warmup=3, repeats=10)
     return parser.parse_args(argv)
 
 

@@ -18,7 +18,6 @@ measured separately, as the host time of one call (:func:`measure`).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -42,52 +41,6 @@ os.environ.update(config.NO_MULTICAST_ENV)
 SCHEMA = "trident-bench/1"
 SHARED_NOTE = ("ranks share a GPU or run in the simulator: a correctness and harness run, "
                "not link bandwidth and not a performance figure")
-
-
-def add_common_args(parser: argparse.ArgumentParser, name: str, warmup: int = 3, repeats: int = 10) -> None:
-    """Add ``--out``, ``--warmup``, ``--repeats`` and ``--no-progress`` to a benchmark's parser.
-
-    Example::
-
-        parser = argparse.ArgumentParser(prog="trident bench p2p")
-        add_common_args(parser, "p2p")
-    """
-    parser.add_argument("--out", default=f"results/{name}", help="folder for the JSON and PNG files")
-    parser.add_argument("--warmup", type=int, default=warmup, help="untimed calls before measuring")
-    parser.add_argument("--repeats", type=int, default=repeats, help="timed calls; the median is reported")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def message_size_parser(prog: str, description: str | None, name: str, max_bytes: int,
-                        warmup: int, repeats: int) -> argparse.ArgumentParser:
-    """The parser of a benchmark that sweeps the message size of one collective call: ``--min-bytes``
-    (default 1K) and ``--max-bytes``, ``--dtype`` (default bfloat16) and :func:`add_common_args`'s;
-    e.g. ``message_size_parser("trident bench ccl", __doc__, "ccl", 1 << 30, 5, 20).parse_args(argv)``."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    add_size_range_args(parser, 1 << 10, max_bytes, what="message")
-    parser.add_argument("--dtype", default="bfloat16")
-    add_common_args(parser, name, warmup=warmup, repeats=repeats)
-    return parser
-
-
-def add_size_range_args(parser: argparse.ArgumentParser, min_bytes: int, max_bytes: int, what: str = "size") -> None:
-    """Add ``--min-bytes`` and ``--max-bytes`` (``4K``, ``1M``, ``2G`` accepted) to a benchmark's parser.
-
-    Example::
-
-        add_size_range_args(parser, 1 << 10, 1 << 30, what="message")
-    """
-    parser.add_argument("--min-bytes", type=parse_bytes, default=min_bytes,
-                        help=f"smallest {what} (default {human_bytes(min_bytes)})")
-    parser.add_argument("--max-bytes", type=parse_bytes, default=max_bytes,
-                        help=f"largest {what} (default {human_bytes(max_bytes)})")
-
-
-def cap_size_range(args, max_bytes: int) -> None:
-    """Lower ``args.max_bytes`` to at most ``max_bytes`` (a simulator run), and ``args.min_bytes`` with it:
-    ``cap_size_range(args, 16 << 10)`` makes ``--min-bytes 64K --max-bytes 1G`` 16K..16K."""
-    args.max_bytes = min(args.max_bytes, max_bytes)
-    args.min_bytes = min(args.min_bytes, args.max_bytes)
 
 
 def time_ms(ctx, fn, warmup: int, repeats: int) -> float:
@@ -390,30 +343,7 @@ def heap_for(nbytes: int) -> int:
     return min(need, 256 << 20) if SIMULATOR else need
 
 
-def human_bytes(n: float) -> str:
-    """``4096 -> "4 KiB"``, ``1 << 31 -> "2 GiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:g} {unit}" if unit == "B" else f"{n:.4g} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def size_sweep(lo: int, hi: int, factor: int = 2) -> list[int]:
-    """``lo, lo*factor, ...`` up to ``hi`` (both ends included when ``hi`` is on the grid)."""
-    if lo < 1 or hi < lo or factor < 2:
-        raise ValueError(f"bad size range {lo}..{hi} (factor {factor})")
-    out, size = [], lo
-    while size <= hi:
-        out.append(size)
-        size *= factor
-    return out
-
-
-def parse_bytes(text: str) -> int:
-    """``"4K"``, ``"64MiB"``, ``"2G"``, ``"1048576"`` -> bytes (powers of 1024)."""
-    t = str(text).strip().upper().removesuffix("B").removesuffix("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    if t and t[-1] in scale:
-        return int(float(t[:-1]) * scale[t[-1]])
-    return int(t)
+def message_size_heap(args) -> int:
+    """The heap of a message-size sweep (``args.max_bytes``): room for eight messages and trident's
+    workspaces on a GPU, 64 MiB in the simulator (whose sizes :func:`arguments.simulator_sizes` caps)."""
+    return 64 << 20 if SIMULATOR else 8 * args.max_bytes + (256 << 20)

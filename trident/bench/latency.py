@@ -35,7 +35,7 @@ import triton.language as tl
 import trident
 
 from ..platform import SIMULATOR
-from . import harness, moe, plots
+from . import arguments, harness, moe, plots
 
 
 @triton.jit
@@ -180,7 +180,7 @@ def _round_trips(ctx, args, record) -> None:
 
 def _small_collectives(ctx, args, record) -> None:
     """Device time of one_shot all_reduce from 1 KiB up, eager and (GPU) in a CUDA graph."""
-    for nbytes in harness.size_sweep(1 << 10, args.max_bytes, 4):
+    for nbytes in arguments.size_sweep(1 << 10, args.max_bytes, 4):
         x = ctx.randn(nbytes // 4)
         fn = lambda x=x: trident.ccl.all_reduce(ctx, x, algorithm="one_shot")  # noqa: E731
         t = harness.measure(ctx.platform.timing_device, fn, args.warmup, args.repeats)
@@ -289,10 +289,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="trident bench latency", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=10_000, help="flag round trips in one kernel")
-    parser.add_argument("--max-bytes", type=harness.parse_bytes, default=1 << 20, help="largest all_reduce")
+    parser.add_argument("--max-bytes", type=arguments.parse_bytes, default=1 << 20, help="largest all_reduce")
     parser.add_argument("--graph-calls", type=int, default=100, help="calls captured in one CUDA graph")
     parser.add_argument("--small-only", action="store_true", help="fused ops at the small shape only (no 4096^3)")
-    harness.add_common_args(parser, "latency", warmup=5, repeats=20)
+    arguments.add_common_args(parser, "latency", warmup=5, repeats=20)
     return parser.parse_args(argv)
 
 

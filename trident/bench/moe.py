@@ -36,7 +36,7 @@ import trident
 import trident.ops
 
 from ..platform import SIMULATOR
-from . import harness, plots
+from . import arguments, harness, plots
 
 #: (hidden, top-k, experts) per model.
 MODELS = {"deepseek-v3": (7168, 8, 256), "tiny": (128, 2, 8)}
@@ -226,7 +226,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=["deepseek-v3"])
     parser.add_argument("--tokens", nargs="+", type=int, default=[128, 4096], help="tokens per rank")
     parser.add_argument("--graph-calls", type=int, default=10, help="calls captured in one CUDA graph")
-    harness.add_common_args(parser, "moe", warmup=3, repeats=10)
+    arguments.add_common_args(parser, "moe", warmup=3, repeats=10)
     return parser.parse_args(argv)
 
 

@@ -23,7 +23,7 @@ import triton.language as tl
 
 import trident
 
-from . import harness, plots
+from . import arguments, harness, plots
 
 MEMORY_OPS = ("load", "store", "get", "put")
 ATOMIC_OPS = ("atomic_add", "atomic_xchg", "atomic_cas")
@@ -73,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The benchmark's arguments (``trident bench p2p --help``)."""
     parser = argparse.ArgumentParser(prog="trident bench p2p", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bytes", type=harness.parse_bytes, default=256 << 20,
+    parser.add_argument("--bytes", type=arguments.parse_bytes, default=256 << 20,
                         help="bytes per memory-op measurement (default 256M)")
     parser.add_argument("--atomic-elems", type=int, default=1 << 22, help="int32 counters per atomic measurement")
     parser.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS))
@@ -82,7 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num-warps", type=int, default=8)
     parser.add_argument("--sem", default="relaxed", choices=["relaxed", "acquire", "release", "acq_rel"],
                         help="memory order of the atomics (scope is sys)")
-    harness.add_common_args(parser, "p2p")
+    arguments.add_common_args(parser, "p2p")
     return parser.parse_args(argv)
 
 

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from . import harness
+from . import arguments, harness
 
 # The table each benchmark gets: (row key, heading, format).
 COLUMNS = {
@@ -71,7 +71,7 @@ def summarize(record: dict, source: str = "") -> str:
     """
     harness.validate(record)
     m = record["meta"]
-    rows = [dict(r, size=harness.human_bytes(r["bytes"]) if "bytes" in r else None) for r in record["rows"]]
+    rows = [dict(r, size=arguments.human_bytes(r["bytes"]) if "bytes" in r else None) for r in record["rows"]]
     for r in rows:
         if r.get("trident_gbps") and r.get("copy_engine_gbps"):
             r["of_copy_engine"] = r["trident_gbps"] / r["copy_engine_gbps"]

@@ -26,7 +26,7 @@ import trident
 from trident.ops import OP_PATTERNS, matmul
 
 from ..platform import SIMULATOR
-from . import harness
+from . import arguments, harness
 from .fused_ops import SIM_SHAPES, check_and_time, record_timeline, report, shape_rows
 
 OPS = ("all_gather_gemm", "gemm_reduce_scatter")
@@ -43,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--comm-programs", type=int, default=None, help="communication programs (ws)")
     parser.add_argument("--trace", action="store_true", help="also record one call of each pattern per shape")
-    harness.add_common_args(parser, "OP", warmup=3, repeats=10)
+    arguments.add_common_args(parser, "OP", warmup=3, repeats=10)
     parser.set_defaults(out=None)
     args = parser.parse_args(argv)
     args.out = args.out or f"results/{args.op}"

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import trident
 
 from ..platform import SIMULATOR
-from . import harness, plots
+from . import arguments, harness, plots
 
 #: (hidden, intermediate, heads, KV heads, head dim) per model.
 MODELS = {"70b": (8192, 28672, 64, 8, 128), "8b": (4096, 14336, 32, 8, 128), "tiny": (64, 128, 8, 4, 8)}
@@ -151,7 +151,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 32, 128, 2048, 8192])
     parser.add_argument("--graph-calls", type=int, default=20, help="layer calls captured in one CUDA graph")
     parser.add_argument("--graph-max-tokens", type=int, default=128, help="capture graphs up to this many tokens")
-    harness.add_common_args(parser, "tp_layer", warmup=3, repeats=10)
+    arguments.add_common_args(parser, "tp_layer", warmup=3, repeats=10)
     return parser.parse_args(argv)
 
 
