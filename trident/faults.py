@@ -12,7 +12,7 @@ word's address, so two contexts in one process never report each other's reasons
 from __future__ import annotations
 
 from . import layout
-from .errors import CapacityError, DeviceError, RankTimeoutError
+from .errors import CapacityError, DeviceError, DivergenceError, RankTimeoutError
 
 _abort_reasons: dict[int, str] = {}
 
@@ -30,15 +30,16 @@ def abort_reason(abort_addr: int) -> str:
     return _abort_reasons.get(abort_addr, "")
 
 
-def fault_error(kind: int) -> type[DeviceError] | type[RankTimeoutError]:
+def fault_error(kind: int) -> type[DeviceError] | type[RankTimeoutError] | type[DivergenceError]:
     """The exception a fault recorded in the control block with ``kind`` is raised as.
 
     A device wait that gave up, by its own timeout or aborted by the host because a rank is gone,
     is a :class:`RankTimeoutError`, as the host's waits are; which of the two it was is in the message.
     """
-    waits: dict[int, type[DeviceError] | type[RankTimeoutError]] = {
-        layout.ERR_WAIT_TIMEOUT: RankTimeoutError, layout.ERR_ABORTED: RankTimeoutError}
-    return {**waits, layout.ERR_CAPACITY: CapacityError}.get(kind, DeviceError)
+    errors: dict[int, type[DeviceError] | type[RankTimeoutError] | type[DivergenceError]] = {
+        layout.ERR_WAIT_TIMEOUT: RankTimeoutError, layout.ERR_ABORTED: RankTimeoutError,
+        layout.ERR_CAPACITY: CapacityError, layout.ERR_OFFSETS_DIFFER: DivergenceError}
+    return errors.get(kind, DeviceError)
 
 
 def describe_wait_fault(rank, peer, offset, expected, observed, timeout_ns, aborted, reason="") -> str:
@@ -51,39 +52,53 @@ def describe_wait_fault(rank, peer, offset, expected, observed, timeout_ns, abor
     )
 
 
+# The messages of the faults a kernel records, as str.format templates (filled by the functions below).
+_HEAP_FAULT = (
+    "rank {rank}: access outside the symmetric heap: peer {peer}, heap offset {offset:#x} (offset {offset}), "
+    "heap size {heap_size} bytes. The pointer was not into a tensor made by ctx.zeros/empty/... (a tensor "
+    "computed from one, like `t + 1`, lives off the heap), or an index ran past the end of one.")
+_PEER_FAULT = (
+    "rank {rank}: access to peer {peer}, which is not a rank of this job (world size {world_size}, ranks "
+    "0..{last}). A peer computed as `rank + 1` needs `% world_size`.")
+_UNREACHABLE_FAULT = (
+    "rank {rank}: access to peer {peer} at heap offset {offset:#x} (offset {offset}): rank {peer} is in another "
+    "node, and its heap is not mapped here (heap_bases[{peer}] == 0). Kernels reach only the ranks of their own "
+    "node (ctx.topology.local_ranks); across nodes use trident.ccl's collectives, which run the inter-node part "
+    "with torch.distributed.")
+_CAPACITY_FAULT = (
+    "rank {rank}: moe_dispatch: capacity={capacity} rows is too small: rank {worst_rank} had to receive {needed} "
+    "rows. The rows past the capacity were not delivered, so this call's results (and a moe_combine on them) "
+    "are incomplete. Pass capacity >= {needed}, or capacity=None (the worst case, world_size * "
+    "max_tokens_per_rank * k).")
+_OFFSETS_FAULT = (
+    "rank {rank}: a fused op's symmetric operand (gemm_all_scatter's C, all_gather_gemm's A_local, or the slots "
+    "and buffers the ops push into) lies at heap offset {mine:#x} on rank {rank} but at {theirs:#x} on rank "
+    "{peer}. Peers reach it at their own offset, so the call reached no peer (nothing was written to a wrong "
+    "place) and its results are invalid. Ranks must pass the same heap tensor: make heap tensors in the same "
+    "order and sizes on every rank (ctx.barrier() names where their allocations diverged), and pass a heap "
+    "operand on every rank or on none.")
+
+
 def describe_heap_fault(rank, peer, offset, heap_size) -> str:
     """The message of an access outside the symmetric heap (debug mode)."""
-    return (
-        f"rank {rank}: access outside the symmetric heap: peer {peer}, heap offset {offset:#x} "
-        f"(offset {offset}), heap size {heap_size} bytes. The pointer was not into a tensor made by "
-        f"ctx.zeros/empty/... (a tensor computed from one, like `t + 1`, lives off the heap), or an "
-        f"index ran past the end of one."
-    )
+    return _HEAP_FAULT.format(rank=rank, peer=peer, offset=offset, heap_size=heap_size)
 
 
 def describe_peer_fault(rank, peer, world_size) -> str:
     """The message of an access to a rank that does not exist (debug mode)."""
-    return (
-        f"rank {rank}: access to peer {peer}, which is not a rank of this job (world size {world_size}, "
-        f"ranks 0..{world_size - 1}). A peer computed as `rank + 1` needs `% world_size`."
-    )
+    return _PEER_FAULT.format(rank=rank, peer=peer, world_size=world_size, last=world_size - 1)
 
 
 def describe_unreachable_fault(rank, peer, offset) -> str:
     """The message of an access to a peer in another node, whose heap this rank does not map (debug mode)."""
-    return (
-        f"rank {rank}: access to peer {peer} at heap offset {offset:#x} (offset {offset}): rank {peer} is in "
-        f"another node, and its heap is not mapped here (heap_bases[{peer}] == 0). Kernels reach only the "
-        f"ranks of their own node (ctx.topology.local_ranks); across nodes use trident.ccl's collectives, "
-        f"which run the inter-node part with torch.distributed."
-    )
+    return _UNREACHABLE_FAULT.format(rank=rank, peer=peer, offset=offset)
 
 
 def describe_capacity_fault(rank, worst_rank, capacity, needed) -> str:
     """The message of an MoE dispatch whose receive buffer was too small (rows past it were not delivered)."""
-    return (
-        f"rank {rank}: moe_dispatch: capacity={capacity} rows is too small: rank {worst_rank} had to receive "
-        f"{needed} rows. The rows past the capacity were not delivered, so this call's results (and a "
-        f"moe_combine on them) are incomplete. Pass capacity >= {needed}, or capacity=None (the worst "
-        f"case, world_size * max_tokens_per_rank * k)."
-    )
+    return _CAPACITY_FAULT.format(rank=rank, worst_rank=worst_rank, capacity=capacity, needed=needed)
+
+
+def describe_offsets_fault(rank, peer, mine, theirs) -> str:
+    """The message of a fused call whose symmetric operand lay at different heap offsets on two ranks."""
+    return _OFFSETS_FAULT.format(rank=rank, peer=peer, mine=mine, theirs=theirs)

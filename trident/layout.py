@@ -36,6 +36,12 @@ SCRATCH = 12  # where debug mode sends a CAS whose address is outside the heap
 WORLD_SIZE = 13  # the job's world size: debug mode checks every peer against it
 BARRIER_EPOCH = 16
 BARRIER_SLOTS = 1024  # one int64 per rank: the last barrier epoch that rank announced here
+# Tensors registered with ctx.register (trident.runtime.windows): their count, then a (start, end)
+# pair per window, byte offsets from this rank's heap base (start may be negative: the memory lies
+# outside the heap). Debug mode's access check accepts addresses inside them as well as the heap.
+WINDOW_COUNT = BARRIER_SLOTS + MAX_WORLD
+WINDOW_RANGES = WINDOW_COUNT + 1
+MAX_WINDOWS = 256
 
 # Fault kinds written to ERROR_KIND.
 ERR_WAIT_TIMEOUT = 1
@@ -44,10 +50,21 @@ ERR_ABORTED = 3
 ERR_BAD_PEER = 4
 ERR_CAPACITY = 5  # a receive buffer (an MoE dispatch's capacity) too small: EXPECTED rows held, OBSERVED needed
 ERR_UNREACHABLE = 6  # a peer in another node, whose heap is not mapped (heap_bases[peer] == 0)
+# A fused call's symmetric operand at another heap offset on a peer: EXPECTED this rank's, OBSERVED the peer's.
+# The call then reached no peer (trident.ops.fused.sync), so waits that would wait for one give up at once.
+ERR_OFFSETS_DIFFER = 7
 
-assert (BARRIER_SLOTS + MAX_WORLD) * 8 <= CONTROL_BYTES
+assert (WINDOW_RANGES + 2 * MAX_WINDOWS) * 8 <= CONTROL_BYTES
 
 
 def align_up(nbytes: int) -> int:
     """``nbytes`` rounded up to :data:`ALLOC_ALIGN` (heap sizes, regions, allocations)."""
     return -(-int(nbytes) // ALLOC_ALIGN) * ALLOC_ALIGN
+
+
+def span_bytes(shape, strides, itemsize: int) -> int:
+    """Bytes from a tensor's first element to one past its last (0 when it has no elements):
+    ``span_bytes(t.shape, t.stride(), t.element_size())``."""
+    if any(n == 0 for n in shape):
+        return 0
+    return (1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))) * itemsize

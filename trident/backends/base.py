@@ -8,6 +8,10 @@ A backend knows nothing of tensors, allocation or ranks' agreement; the context 
 4. ``after_exchange()`` runs once every rank has mapped every heap (the simulator unlinks
    its files there, so nothing is left behind even if a process is killed later);
 5. ``close()`` releases the mappings.
+
+For ``ctx.register`` (:mod:`trident.runtime.windows`) a backend also shares one tensor made
+elsewhere: ``export_tensor`` gives a handle to the memory holding it, ``open_exported`` maps a
+peer's, and ``exported_opened`` runs once every peer has mapped it.
 """
 
 from __future__ import annotations
@@ -47,3 +51,16 @@ class HeapBackend(ABC):
     @abstractmethod
     def synchronize(self) -> None:
         """Wait for every kernel this rank launched."""
+
+    def export_tensor(self, tensor: torch.Tensor, tag: str) -> tuple[bytes, int, int]:
+        """``(handle, offset, nbytes)``: a handle peers open to map the memory holding ``tensor``, where
+        the tensor starts inside it (bytes) and how many bytes it maps. ``tag`` names it uniquely in this
+        process. A backend may move the tensor's data (the simulator moves it into shared memory)."""
+        raise NotImplementedError(f"the {self.name} backend cannot share a tensor made elsewhere")
+
+    def open_exported(self, handle: bytes, nbytes: int) -> tuple[int, object]:
+        """Map a peer's exported memory: ``(address, keepalive)``; dropping ``keepalive`` unmaps it."""
+        raise NotImplementedError(f"the {self.name} backend cannot map a peer's tensor")
+
+    def exported_opened(self, handle: bytes) -> None:  # noqa: B027  (optional hook)
+        """Called once every peer has mapped this rank's export ``handle``."""

@@ -80,6 +80,10 @@ def _close_ipc(ptr: int) -> None:
         pass
 
 
+#: Peers' exported allocations mapped in this process, by handle; an entry goes with its last user.
+_opened: weakref.WeakValueDictionary[bytes, _DeviceMemory] = weakref.WeakValueDictionary()
+
+
 class CudaBackend(HeapBackend):
     """Heaps in GPU memory; rank ``r`` uses GPU ``local_rank % device_count``."""
 
@@ -154,3 +158,33 @@ class CudaBackend(HeapBackend):
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
+
+    def export_tensor(self, tensor: torch.Tensor, tag: str) -> tuple[bytes, int, int]:
+        """The IPC handle of the ``cudaMalloc`` allocation holding ``tensor`` (torch's caching allocator
+        hands out parts of larger allocations), and the tensor's place in it. Nothing moves."""
+        from cuda.bindings import driver
+
+        err, base, size = driver.cuMemGetAddressRange(tensor.data_ptr())
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise TridentError(f"rank {self.rank}: ctx.register: cuMemGetAddressRange failed ({err.name}): the "
+                               f"tensor's memory is not a CUDA allocation this process made")
+        try:
+            handle = _check(_cudart().cudaIpcGetMemHandle(int(base)), "cudaIpcGetMemHandle")
+        except TridentError as exc:
+            raise TridentError(
+                f"rank {self.rank}: ctx.register needs memory from cudaMalloc (torch's default caching allocator); "
+                f"this tensor's cannot be shared with CUDA IPC ({exc}). With expandable segments "
+                f"(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) or another allocator, make the tensor "
+                f"inside ctx.heap_allocations() instead") from None
+        return bytes(handle.reserved), tensor.data_ptr() - int(base), int(size)
+
+    def open_exported(self, handle: bytes, nbytes: int) -> tuple[int, object]:
+        memory = _opened.get(handle)  # CUDA maps an allocation once per process: share the mapping
+        if memory is None:
+            ipc = _cudart().cudaIpcMemHandle_t()
+            ipc.reserved = handle
+            ptr = _check(_cudart().cudaIpcOpenMemHandle(ipc, _cudart().cudaIpcMemLazyEnablePeerAccess),
+                         "cudaIpcOpenMemHandle (a registered tensor of a peer)")
+            memory = _DeviceMemory(int(ptr), nbytes, _close_ipc)
+            _opened[handle] = memory
+        return memory.ptr, memory

@@ -47,6 +47,13 @@ def sweep_stale_files() -> list[str]:
     return removed
 
 
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 class SimBackend(HeapBackend):
     """Heaps in ``/dev/shm`` files; the device is the CPU."""
 
@@ -102,3 +109,24 @@ class SimBackend(HeapBackend):
 
     def synchronize(self) -> None:
         pass  # the interpreter runs kernels to completion before the launch returns
+
+    def export_tensor(self, tensor: torch.Tensor, tag: str) -> tuple[bytes, int, int]:
+        """Move ``tensor``'s storage into a new shared-memory file (peers map it by name) and point the
+        tensor at it (``set_``): the tensor keeps its values, shape and strides. Other views of its old
+        storage keep the old, private memory."""
+        storage = tensor.untyped_storage()
+        nbytes = max(storage.nbytes(), 1)
+        path = f"{self.path}-{tag}"
+        shared = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+        atexit.register(_unlink_quietly, path)  # gone even if the registration never completes
+        shared[:storage.nbytes()].copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
+        with torch.no_grad():
+            tensor.set_(shared.untyped_storage(), tensor.storage_offset(), tensor.shape, tensor.stride())
+        return path.encode(), int(tensor.storage_offset()) * tensor.element_size(), nbytes
+
+    def open_exported(self, handle: bytes, nbytes: int) -> tuple[int, object]:
+        view = torch.from_file(handle.decode(), shared=True, size=nbytes, dtype=torch.uint8)
+        return view.data_ptr(), view
+
+    def exported_opened(self, handle: bytes) -> None:
+        _unlink_quietly(handle.decode())  # every peer maps it: the memory lives on, no file remains

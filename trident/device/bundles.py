@@ -6,7 +6,7 @@ as ``rank, world_size, heap_bases``) and makes its bundles once, at the top::
     team = Team(rank, world_size, heap_bases)
     gemm = Gemm(a, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
     out = Output(c, gemm.M, gemm.N, stride_cm, 1, BLOCK_M, BLOCK_N, GROUP_M)
-    call, arrival = enter_call(sync_ptr, team, WORLD_BLOCK)      # a CallSync (trident.ops.fused.sync)
+    call, arrival = enter_call(sync_ptr, c, team, WORLD_BLOCK)   # a CallSync (trident.ops.fused.sync)
     ...
     acc = tile_dot(gemm, pid_m, pid_n)
     offs, mask = output_tile(out, pid_m, pid_n)
@@ -64,16 +64,19 @@ class Team:
 @aggregate
 class CallSync:
     """A fused call's synchronization state (:mod:`trident.ops.fused.sync`): the sync block, the call's
-    epoch, and ``WORLD_BLOCK`` (a power of two >= world_size: one lane per rank)."""
+    epoch, where its symmetric operand lies in this rank's heap (bytes from the base; 0 for a kernel
+    that does not enter the call), and ``WORLD_BLOCK`` (a power of two >= world_size: one lane per rank)."""
 
     sync_ptr: Value
     epoch: Value
+    offset: Value
     WORLD_BLOCK: Value
 
     @triton.constexpr_function
-    def __init__(self, sync_ptr, epoch, WORLD_BLOCK):
+    def __init__(self, sync_ptr, epoch, offset, WORLD_BLOCK):
         self.sync_ptr = _value(sync_ptr)
         self.epoch = _value(epoch)
+        self.offset = _value(offset)
         self.WORLD_BLOCK = _value(WORLD_BLOCK)
 
 

@@ -31,6 +31,8 @@ _ERR_OUT_OF_HEAP = tl.constexpr(layout.ERR_OUT_OF_HEAP)
 _ERR_BAD_PEER = tl.constexpr(layout.ERR_BAD_PEER)
 _ERR_UNREACHABLE = tl.constexpr(layout.ERR_UNREACHABLE)
 _WORLD_SIZE = tl.constexpr(layout.WORLD_SIZE)
+_WINDOW_COUNT = tl.constexpr(layout.WINDOW_COUNT)
+_WINDOW_RANGES = tl.constexpr(layout.WINDOW_RANGES)
 _ERROR_COUNT = tl.constexpr(layout.ERROR_COUNT)
 _ERROR_KIND = tl.constexpr(layout.ERROR_KIND)
 _ERROR_RANK = tl.constexpr(layout.ERROR_RANK)
@@ -102,7 +104,12 @@ def _check_in_heap(ptr, rank, peer, heap_bases, mask):
     # A peer in another node is not mapped here: its heap base is 0.
     far = exists & (tl.load(heap_bases + tl.where(exists, peer, rank)) == 0)
     offset = ptr.to(tl.int64) - base
-    inside = (offset >= 0) & (offset <= heap_size - ELEM_BYTES) & exists & (far == 0)
+    in_memory = (offset >= 0) & (offset <= heap_size - ELEM_BYTES)
+    for w in range(tl.load(ctrl + _WINDOW_COUNT)):  # tensors registered with ctx.register
+        start = tl.load(ctrl + _WINDOW_RANGES + 2 * w)
+        end = tl.load(ctrl + _WINDOW_RANGES + 2 * w + 1)
+        in_memory = in_memory | ((offset >= start) & (offset <= end - ELEM_BYTES))
+    inside = in_memory & exists & (far == 0)
     no_peer = exists == 0
     bad = inside == 0
     if mask is not None:

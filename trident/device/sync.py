@@ -33,6 +33,7 @@ _SPIN_POLLS = SPIN_POLLS
 _ABORT_AFTER_NS = tl.constexpr(5_000_000)
 _ERR_WAIT_TIMEOUT = tl.constexpr(layout.ERR_WAIT_TIMEOUT)
 _ERR_ABORTED = tl.constexpr(layout.ERR_ABORTED)
+_ERR_OFFSETS_DIFFER = tl.constexpr(layout.ERR_OFFSETS_DIFFER)
 _ERROR_COUNT = tl.constexpr(layout.ERROR_COUNT)
 _ERROR_KIND = tl.constexpr(layout.ERROR_KIND)
 
@@ -166,10 +167,10 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
         start = now_ns()
         # A wait of this rank already gave up and the host has not raised it yet: ranks are out of
         # step, and waiting the whole timeout again only delays the error (a collective's second
-        # wait made it fail after 2x wait_timeout on the GPU). Give up at once, as the first did.
-        kind = tl.load(ctrl + _ERROR_KIND, volatile=True)
-        pending = tl.load(ctrl + _ERROR_COUNT, volatile=True) != 0
-        gave_up = (done == 0) & pending & ((kind == _ERR_WAIT_TIMEOUT) | (kind == _ERR_ABORTED))
+        # wait made it fail after 2x wait_timeout on the GPU). Give up at once, as the first did;
+        # also when a fused call found its operands asymmetric: then no peer signals this call.
+        out_of_step = _out_of_step(ctrl)
+        gave_up = (done == 0) & (out_of_step != 0)
         aborted = done != 0
         while (done == 0) & (gave_up == 0):
             _spin(remote, value, cmp, mask)
@@ -178,8 +179,10 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
             done = _all(_meets(seen, value, cmp), mask)
             waited = now_ns() - start
             aborted = tl.load(abort_word, mask=waited > _ABORT_AFTER_NS, other=0, volatile=True) != 0
-            gave_up = (done == 0) & (aborted | (waited > timeout_ns))
-        if gave_up:
+            out_of_step = _out_of_step(ctrl)
+            gave_up = (done == 0) & (aborted | (waited > timeout_ns) | (out_of_step != 0))
+        # An asymmetric call is already recorded (and is the error the host raises): no second report.
+        if gave_up & (out_of_step != _ERR_OFFSETS_DIFFER):
             offset = _lowest(flag_ptr.to(tl.int64) - tl.load(heap_bases + rank))
             last = _summary(seen, value, cmp, mask)
             on_wait_timeout(rank, peer, offset, value, last, timeout_ns, aborted, abort_word)
@@ -189,6 +192,16 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
     # thread of the program, so all of them see the signaller's data.
     tl.debug_barrier()
     return seen
+
+
+@triton.jit
+def _out_of_step(ctrl):
+    """The kind of the fault this rank has recorded and the host not yet raised, if it means no peer
+    will signal (a wait that gave up, an abort, an asymmetric fused call); else 0."""
+    kind = tl.load(ctrl + _ERROR_KIND, volatile=True)
+    pending = tl.load(ctrl + _ERROR_COUNT, volatile=True) != 0
+    stops = (kind == _ERR_WAIT_TIMEOUT) | (kind == _ERR_ABORTED) | (kind == _ERR_OFFSETS_DIFFER)
+    return tl.where(pending & stops, kind, 0)
 
 
 @triton.jit

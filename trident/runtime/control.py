@@ -8,6 +8,7 @@ from .. import faults, layout
 from ..faults import (
     describe_capacity_fault,
     describe_heap_fault,
+    describe_offsets_fault,
     describe_peer_fault,
     describe_unreachable_fault,
     describe_wait_fault,
@@ -76,6 +77,8 @@ class ControlBlock:
             message = describe_unreachable_fault(rank, peer, offset)
         elif kind == layout.ERR_CAPACITY:
             message = describe_capacity_fault(rank, peer, expected, observed)
+        elif kind == layout.ERR_OFFSETS_DIFFER:
+            message = describe_offsets_fault(rank, peer, expected, observed)
         else:
             timeout_ns = int(self.words[layout.WAIT_TIMEOUT_NS].item())
             message = describe_wait_fault(rank, peer, offset, expected, observed, timeout_ns,

@@ -11,11 +11,14 @@ import torch
 
 from .. import config, layout
 from ..errors import DivergenceError, NotSymmetricError, TopologyError, TridentError
+from . import windows
 from .allocator import SymmetricAllocator
 from .creation import TensorFactory
 from .resources import Resources
 
 if TYPE_CHECKING:
+    from ..backends.base import HeapBackend
+    from .control import ControlBlock
     from .nodes import Topology
     from .rendezvous import Rendezvous
 
@@ -23,14 +26,6 @@ if TYPE_CHECKING:
 def address(t: torch.Tensor) -> int:
     """Where ``t``'s first element is (torch reports ``data_ptr() == 0`` for empty tensors)."""
     return t.untyped_storage().data_ptr() + int(t.storage_offset()) * t.element_size()
-
-
-def _span_bytes(t: torch.Tensor) -> int:
-    """Bytes from a tensor's first element to one past its last (0 when empty)."""
-    if t.numel() == 0:
-        return 0
-    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
-    return (last + 1) * t.element_size()
 
 
 class SymmetricHeapMixin(TensorFactory):
@@ -57,6 +52,8 @@ class SymmetricHeapMixin(TensorFactory):
     _check_open: Callable[[], None]
     _hierarchy: Any
     backend: str
+    _backend: HeapBackend
+    _control: ControlBlock
 
     # The public names other modules read (never the private attributes behind them).
     @property
@@ -92,7 +89,7 @@ class SymmetricHeapMixin(TensorFactory):
                 raise ValueError(f"ctx.{what}: out has shape {tuple(out.shape)} and dtype {out.dtype}, "
                                  f"expected {tuple(meta.shape)} and {meta.dtype} (heap tensors cannot be resized)")
             return out
-        span = _span_bytes(meta)
+        span = layout.span_bytes(meta.shape, meta.stride(), meta.element_size())
         description = f"ctx.{what}(shape={tuple(meta.shape)}, dtype={meta.dtype})"
         block = self._allocator.allocate(span, description)
         self._debug_check_in_step(description)
@@ -276,7 +273,8 @@ class SymmetricHeapMixin(TensorFactory):
         if not isinstance(tensor, torch.Tensor) or tensor.device != self._heap.device:
             return False
         start = address(tensor) - self._heap.data_ptr()
-        return layout.CONTROL_BYTES <= start and start + _span_bytes(tensor) <= self.heap_size
+        span = layout.span_bytes(tensor.shape, tensor.stride(), tensor.element_size())
+        return layout.CONTROL_BYTES <= start and start + span <= self.heap_size
 
     def heap_offset(self, tensor: torch.Tensor) -> int:
         """Byte offset of a symmetric tensor's first element from the heap base (the same on every rank).
@@ -298,6 +296,32 @@ class SymmetricHeapMixin(TensorFactory):
                 f"Results of arithmetic on heap tensors are new tensors off the heap: use in-place ops, "
                 f"out=, or ctx.as_symmetric(t)."
             )
+
+    def register(self, tensor: torch.Tensor):
+        """Make ``tensor``, made elsewhere, reachable by peers (collective): :func:`windows.register`.
+
+        Returns a :class:`~trident.runtime.windows.Window`; in kernels pass ``win.bases`` where the
+        device API takes ``heap_bases``. Prefer ``ctx.heap_allocations()`` where the tensor can be
+        made inside it (docs/pytorch.md, "Registering a tensor made elsewhere").
+
+        Example::
+
+            win = ctx.register(kv_cache)
+            my_kernel[grid](kv_cache, ctx.rank, ctx.world_size, win.bases)
+            ctx.unregister(win)
+        """
+        self._check_open()
+        return windows.register(self, tensor, self._backend, self._control.words)
+
+    def unregister(self, window) -> None:
+        """End ``ctx.register``'s registration (collective): :func:`windows.unregister`.
+
+        Example::
+
+            ctx.unregister(win)
+        """
+        self._check_open()
+        windows.unregister(self, window, self._backend, self._control.words)
 
     def peer_view(self, tensor: torch.Tensor, peer: int) -> torch.Tensor:
         """A host-side view of ``peer``'s copy of a symmetric tensor (for checks and staging).

@@ -75,6 +75,9 @@ class Resources:
         #: ``ctx.heap_allocations()``'s pool (:class:`trident.runtime.heap_pool.HeapPool`): made on first
         #: use and kept until ``close()``, whatever heap_scope it was first used in (torch holds its segments).
         self.heap_pool = None
+        #: The tensors registered with ``ctx.register`` (:class:`trident.runtime.windows.Window`), in order;
+        #: kept until ``ctx.unregister`` or ``close()``, whatever heap_scope they were registered in.
+        self.windows: list = []
 
     def moved(self) -> None:
         """Heap memory behind the resources may have moved: a new generation, and every call cache
@@ -113,9 +116,9 @@ class Resources:
 
     def clear(self) -> None:
         """Forget every resource (at ``ctx.close()``)."""
-        dropped = [*self._items.values(), *([self.heap_pool] if self.heap_pool is not None else [])]
+        dropped = [*self._items.values(), *([self.heap_pool] if self.heap_pool is not None else []), *self.windows]
         self._items.clear()
-        self.heap_pool = None
+        self.heap_pool, self.windows = None, []
         self.moved()
         _ended(dropped)
 
@@ -142,8 +145,9 @@ class GrowingBuffer:
     may replay on it at any time, so when an eager call later makes it grow, the old memory is
     *kept* (in :attr:`kept`, never freed while the team lives; ``ctx.memory_stats()["kept_for_graphs_bytes"]``)
     instead of being freed, and a replay never writes into memory a later allocation owns.
-    With ``zeroed`` the new memory is zeroed and a second device barrier makes sure every rank
-    has zeroed its copy before any peer writes into it (flags that peers signal into).
+    With ``zeroed`` the new memory is zeroed and a barrier (``ctx.barrier()``) makes sure every rank
+    has zeroed its copy before any peer writes into it (flags that peers signal into), and that the
+    ranks' allocations agree, so the copies lie at the same offset (else :class:`DivergenceError`).
 
     Example::
 
@@ -188,7 +192,11 @@ class GrowingBuffer:
             size = 1 << (nbytes - 1).bit_length()
             fresh = self._allocate(size)
             if self.zeroed:
-                self.ctx.device_barrier()  # every rank zeroed its copy before any peer writes into it
+                # Every rank zeroed its copy before any peer writes into it, and (the allocation
+                # digests compared) every rank's copy lies at the same offset: peers signal into it
+                # at their own offset, so a sync block made after ranks' allocations diverged would
+                # misdirect every handshake. Growing never happens inside capture (refused above).
+                self.ctx.barrier()
             self.tensor = fresh
         elif _capturing(self.ctx):
             self.captured = True

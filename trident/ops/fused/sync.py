@@ -9,7 +9,10 @@ and never reset between calls (:func:`sync_block`). Its layout (word indices)::
     ARRIVAL_WORD                      programs of the running launch that have started (enter_call)
     READY_WORD + p                    READY[p]: the last call rank p has entered
     READY_WORD + world_size + p       ARRIVED[p]: the last call rank p is done with this rank in
-    READY_WORD + 2 * world_size + i   FLAGS[i]: tile (or row block) i of the running call is done
+    READY_WORD + 2 * world_size + p   OFFSET[p]: where rank p's symmetric operand of the running call
+                                      lies in its heap (bytes from its base)
+    READY_WORD + 3 * world_size + p   LOCAL[p]: this rank's heap base, world_size times (see below)
+    READY_WORD + 4 * world_size + i   FLAGS[i]: tile (or row block) i of the running call is done
                                       when it holds the call's epoch
 
 Kernels take the block as one ``sync_ptr``. :func:`enter_call` returns the call's
@@ -19,11 +22,24 @@ below take it with the kernel's :class:`~trident.device.bundles.Team` and find t
 
 * :func:`enter_call`: every program reads the call's epoch (the last finished call's + 1) and
   takes an *arrival ticket* (0, 1, 2, ... in the order the programs start). The program with
-  arrival 0, the first that runs, tells every peer "I am in call ``epoch``" (``READY[rank] =
-  epoch`` at each peer): this rank's inputs for the call are written and its outputs of the
-  last call are consumed.
+  arrival 0, the first that runs, tells every peer where this rank's symmetric operand lies
+  (``OFFSET[rank]``) and then "I am in call ``epoch``" (``READY[rank] = epoch`` at each peer):
+  this rank's inputs for the call are written and its outputs of the last call are consumed.
 * :func:`wait_peers_ready`: before a program first touches a peer (reads its input, writes its
-  output), it acquires that from every peer.
+  output), it acquires that from every peer, and returns the team it must reach peers with.
+
+Symmetry check. Peers reach a rank's operand at their own offset of it (pointer translation), so a
+call whose ranks pass the operand at different heap offsets (tensors allocated in a different
+order; a heap tensor on one rank, a staged plain one on another) would read and write the wrong
+memory. :func:`wait_peers_ready` compares every peer's ``OFFSET`` with this rank's. On a mismatch
+it records the fault (``ERR_OFFSETS_DIFFER``: both offsets; the host raises
+:class:`~trident.errors.NotSymmetricError` at the next ``ctx.check()``/``ctx.barrier()``) and
+returns a team whose every heap base is this rank's own (``LOCAL``): every "peer" access of the
+program then lands in this rank's own operand, never in a peer's memory. Every rank finds the
+mismatch (it is symmetric), so no rank reaches a peer; waits for peers' signals give up at once
+(:func:`trident.wait`), and the call ends on every rank with nothing written to a wrong place. Its
+results are invalid; the next call, with symmetric operands, runs normally. The check costs a
+store per peer at entry and a load per peer per program, next to the handshake's own.
 * :func:`finish_call`: every program takes a ticket at its end; the last one resets that counter
   (the last to arrive resets the arrival counter), tells every peer "I am done with you"
   (``ARRIVED[rank] = epoch``), waits until every peer has said the same, and stores the new epoch.
@@ -59,10 +75,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ...device import arrival_ticket, signal, wait
-from ...device.bundles import CallSync
+from ... import layout
+from ...device import arrival_ticket, signal, store, wait
+from ...device.bundles import CallSync, Team
+from ...device.memory import control_block, record_fault
 from ...runtime.resources import GrowingBuffer
-from ...runtime.team import Team
+from ...runtime.team import Team as TeamLike
 
 # Word indices (int64) inside the sync block; the READY, ARRIVED and FLAGS regions follow READY_WORD.
 EPOCH_WORD = 0
@@ -76,20 +94,22 @@ _EPOCH = tl.constexpr(EPOCH_WORD)
 _TICKET = tl.constexpr(TICKET_WORD)
 _ARRIVAL = tl.constexpr(ARRIVAL_WORD)
 _READY = tl.constexpr(READY_WORD)
+_ERROR_COUNT = tl.constexpr(layout.ERROR_COUNT)
+_ERR_OFFSETS_DIFFER = tl.constexpr(layout.ERR_OFFSETS_DIFFER)
 
 
 def sync_words(world_size: int, flags: int = 0) -> int:
     """Words of a sync block for ``world_size`` ranks with ``flags`` tile flags (at least :data:`MIN_FLAGS`):
-    the three counters (epoch, finish ticket, arrival ticket), READY and ARRIVED, then the flags.
+    the three counters (epoch, finish ticket, arrival ticket), READY, ARRIVED, OFFSET and LOCAL, then the flags.
 
     Example::
 
         sync = ctx.zeros(sync_words(ctx.world_size, tiles), dtype=torch.int64)   # a kernel's own block
     """
-    return READY_WORD + 2 * world_size + max(flags, MIN_FLAGS)
+    return READY_WORD + 4 * world_size + max(flags, MIN_FLAGS)
 
 
-def sync_block(ctx: Team, flags: int = 0) -> torch.Tensor:
+def sync_block(ctx: TeamLike, flags: int = 0) -> torch.Tensor:
     """The context's sync block (int64, symmetric) with room for ``flags`` tile flags; collective.
 
     Made on first use and grown when a call needs more flags, zeroed, on every rank at the same
@@ -126,7 +146,19 @@ def flag_words(call, team):
         flags = flag_words(call, team)
         signal(flags + tile, call.epoch, team.rank, team.rank, team.heap_bases, scope="gpu")
     """
+    return call.sync_ptr + _READY + 4 * team.world_size
+
+
+@triton.jit
+def _offset_words(call, team):
+    """``OFFSET[0 .. world_size - 1]``: ``OFFSET[p]`` is where rank ``p``'s symmetric operand of the call lies."""
     return call.sync_ptr + _READY + 2 * team.world_size
+
+
+@triton.jit
+def _local_bases(call, team):
+    """``LOCAL[0 .. world_size - 1]``: a heap-bases table whose every entry is this rank's base."""
+    return call.sync_ptr + _READY + 3 * team.world_size
 
 
 @triton.jit
@@ -136,50 +168,78 @@ def call_epoch(sync_ptr):
 
     Example::
 
-        call = CallSync(sync_ptr, call_epoch(sync_ptr), WORLD_BLOCK)   # the call, not entered
+        call = CallSync(sync_ptr, call_epoch(sync_ptr), 0, WORLD_BLOCK)   # the call, not entered
     """
     return tl.load(sync_ptr + _EPOCH) + 1
 
 
 @triton.jit
-def enter_call(sync_ptr, team, WORLD_BLOCK: tl.constexpr):
-    """``(call, arrival)``: the call's :class:`~trident.device.bundles.CallSync` (its epoch: 1, 2, ...)
-    and this program's arrival ticket (0, 1, ... in the order the launch's programs start). The
-    first program to start (arrival 0) also releases ``READY[rank] = epoch`` at every peer.
+def enter_call(sync_ptr, operand, team, WORLD_BLOCK: tl.constexpr):
+    """``(call, arrival)``: the call's :class:`~trident.device.bundles.CallSync` (its epoch: 1, 2, ...,
+    and where ``operand`` lies in this rank's heap) and this program's arrival ticket (0, 1, ... in
+    the order the launch's programs start). The first program to start (arrival 0) also tells every
+    peer that offset (``OFFSET[rank]``), then releases ``READY[rank] = epoch`` there.
 
-    A kernel whose programs wait on each other takes their roles from ``arrival`` (the role that
-    waits on none of them first), never from ``tl.program_id``: see the module doc.
+    ``operand`` is the call's symmetric operand: the heap tensor peers reach at this rank's offset
+    of it (gemm_all_scatter's C, all_gather_gemm's A_local, the slots or receive buffers of the ops
+    that push into peers). A kernel whose programs wait on each other takes their roles from
+    ``arrival`` (the role that waits on none of them first), never from ``tl.program_id``: see the
+    module doc.
 
     Example::
 
         team = Team(rank, world_size, heap_bases)
-        call, arrival = enter_call(sync_ptr, team, WORLD_BLOCK)
+        call, arrival = enter_call(sync_ptr, c, team, WORLD_BLOCK)
         if arrival < producers:   # the producers start first: whoever waits on them started later
             ...
     """
-    call = CallSync(sync_ptr, call_epoch(sync_ptr), WORLD_BLOCK)
+    offset = operand.to(tl.int64) - tl.load(team.heap_bases + team.rank)  # bytes, whatever its dtype
+    call = CallSync(sync_ptr, call_epoch(sync_ptr), offset, WORLD_BLOCK)
     arrival = arrival_ticket(sync_ptr + _ARRIVAL)  # int32: it takes a program id's place (TMA coordinates)
     if arrival == 0:
         peers = tl.arange(0, WORLD_BLOCK)
+        is_peer = peers < team.world_size
+        store(_offset_words(call, team) + team.rank + peers * 0, offset + peers * 0, team.rank, peers,
+              team.heap_bases, mask=is_peer)
+        # signal's CTA barrier and release order the offsets' stores before READY.
         signal(ready_words(call) + team.rank + peers * 0, call.epoch, team.rank, peers, team.heap_bases,
-               mask=peers < team.world_size)
+               mask=is_peer)
     return call, arrival
 
 
 @triton.jit
 def wait_peers_ready(call, team):
-    """Acquire: every peer has entered the call. Called once per program, before its first store
-    into a peer. One scalar wait per peer: each poll is a plain acquire load, so many programs
-    polling the same flag do not queue up behind each other as read-modify-write atomics would.
+    """Acquire: every peer has entered the call. Called once per program, before its first access
+    to a peer; returns the :class:`~trident.device.bundles.Team` to reach peers with. One scalar wait
+    per peer: each poll is a plain acquire load, so many programs polling the same flag do not queue
+    up behind each other as read-modify-write atomics would.
+
+    The returned team is ``team`` when every peer's operand lies at this rank's offset; otherwise
+    the fault is recorded and the team maps every peer to this rank itself (module doc, "Symmetry
+    check"), so nothing reaches a peer.
 
     Example::
 
-        wait_peers_ready(call, team)
+        team = wait_peers_ready(call, team)
         trident.store(c + offs, tile, team.rank, peer, team.heap_bases, mask=mask)
     """
     ready = ready_words(call)
+    offsets = _offset_words(call, team)
+    bases = team.heap_bases
     for peer in range(team.world_size):
         wait(ready + peer, call.epoch, team.rank, team.rank, team.heap_bases, cmp="ge")
+        theirs = tl.load(offsets + peer)
+        if theirs != call.offset:
+            ctrl = control_block(team.rank, team.heap_bases)
+            if tl.load(ctrl + _ERROR_COUNT, volatile=True) == 0:  # the first program to see it reports
+                record_fault(ctrl, _ERR_OFFSETS_DIFFER, team.rank, peer, call.epoch, call.offset, theirs)
+            local = _local_bases(call, team)
+            lanes = tl.arange(0, call.WORLD_BLOCK)
+            tl.store(local + lanes, tl.load(team.heap_bases + team.rank) + lanes * 0,
+                     mask=lanes < team.world_size)
+            tl.debug_barrier()  # every thread's translation reads the table
+            bases = local
+    return Team(team.rank, team.world_size, bases)
 
 
 @triton.jit

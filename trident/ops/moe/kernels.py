@@ -188,9 +188,9 @@ def moe_dispatch_kernel(
     BLOCK_S: tl.constexpr = BLOCKS[4]
     capacity = sizes[6]
     team = Team(rank, world_size, heap_bases)
-    call, me = enter_call(sync_ptr, team, WORLD_BLOCK)
+    call, me = enter_call(sync_ptr, recv_x_ptr, team, WORLD_BLOCK)
     flags = flag_words(call, team)  # [0, W): the count rows' flags; W: the layout (local)
-    wait_peers_ready(call, team)
+    team = wait_peers_ready(call, team)
     if me == 0:
         _plan(topk_ptr, counts_ptr, local_ptr, status_ptr, sizes, call, team, E_BLOCK, CHUNK, REPORT)
         signal(flags + world_size, call.epoch, rank, rank, heap_bases, scope="gpu")
@@ -220,8 +220,8 @@ def moe_push_kernel(
     per row: when this kernel ends on a rank, every peer's rows into it have landed (``finish_call``)."""
     hidden, k, max_tokens, capacity = sizes
     team = Team(rank, world_size, heap_bases)
-    call, me = enter_call(sync_ptr, team, WORLD_BLOCK)
-    wait_peers_ready(call, team)  # every home has finished reading its staging of the last call
+    call, me = enter_call(sync_ptr, staging_ptr, team, WORLD_BLOCK)
+    team = wait_peers_ready(call, team)  # every home has finished reading its staging of the last call
     received = tl.minimum(tl.load(status_ptr + _RECEIVED), capacity)
     lanes, cols = tl.arange(0, ROWS), tl.arange(0, BLOCK_H)
     for start in range(me * ROWS, received, tl.num_programs(0) * ROWS):
@@ -235,8 +235,8 @@ def moe_push_kernel(
             offs = c + cols
             mask = remote[:, None] & (offs < hidden)[None, :]
             values = tl.load(expert_ptr + tl.cast(slot, tl.int64)[:, None] * hidden + offs[None, :], mask=mask)
-            store(staging_ptr + row[:, None] * hidden + offs[None, :], values, rank, home[:, None], heap_bases,
-                  mask=mask)
+            store(staging_ptr + row[:, None] * hidden + offs[None, :], values, rank, home[:, None],
+                  team.heap_bases, mask=mask)
     finish_call(call, team)
 
 

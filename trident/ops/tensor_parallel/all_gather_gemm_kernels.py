@@ -44,13 +44,13 @@ def pull_kernel(
     TRACE: tl.constexpr = trace_ptr is not None
     team = Team(rank, world_size, heap_bases)
     m, N = shape[0], shape[1]
-    call, _ = enter_call(sync_ptr, team, WORLD_BLOCK)
-    wait_peers_ready(call, team)
+    call, _ = enter_call(sync_ptr, a_local, team, WORLD_BLOCK)
+    team = wait_peers_ready(call, team)
     tiles = world_size * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
         t0 = trace.now_if(TRACE)
         src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
-        a_src = translate(a_local, rank, src, heap_bases)  # src's A_local, as this process maps it
+        a_src = translate(a_local, rank, src, team.heap_bases)  # src's A_local, as this process maps it
         gemm = Gemm(a_src, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
         acc = tile_dot(gemm, pid_m, pid_n)
         _store_rows(c, shape, strides, src, acc, pid_m, pid_n, BLOCK_M, BLOCK_N)
@@ -98,17 +98,17 @@ def gather_gemm_kernel(
     TRACE: tl.constexpr = trace_ptr is not None
     team = Team(rank, world_size, heap_bases)
     m, N, K = shape[0], shape[1], shape[2]
-    call, arrival = enter_call(sync_ptr, team, WORLD_BLOCK)
+    call, arrival = enter_call(sync_ptr, a_local, team, WORLD_BLOCK)
     flags = flag_words(call, team)
     blocks = tl.cdiv(m, BLOCK_M)  # row blocks per source rank
     if arrival < gather_programs:
-        wait_peers_ready(call, team)
+        peers = wait_peers_ready(call, team)
         for i in tl.range(arrival, world_size * blocks, gather_programs):
             t0 = trace.now_if(TRACE)
             src = (rank + i // blocks) % world_size  # my own rows first, in the GEMM's order
             block = src * blocks + i % blocks
             shard = a_full + tl.cast(src, tl.int64) * m * K
-            copy_rows(a_local, shard, (i % blocks) * BLOCK_M, m, K, strides[0], K, rank, src, heap_bases,
+            copy_rows(a_local, shard, (i % blocks) * BLOCK_M, m, K, strides[0], K, rank, src, peers.heap_bases,
                       BLOCK_M, BLOCK_K)
             signal(flags + block, call.epoch, rank, rank, heap_bases, scope="gpu")  # read on this GPU only
             trace.record(trace_ptr, trace.COMM, block, src, t0, rank, TRACE)

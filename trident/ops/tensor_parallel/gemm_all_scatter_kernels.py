@@ -81,7 +81,7 @@ def consume_tiles(first, step, out, call, team, trace_ptr, WAIT_FLAGS: tl.conste
     num_pid_n = tl.cdiv(out.N, out.BLOCK_N)
     tiles = num_pid_m * num_pid_n
     flags = flag_words(call, team)
-    wait_peers_ready(call, team)
+    team = wait_peers_ready(call, team)
     for chunk in tl.range(first, tiles, step * FLAG_CHUNK):
         if WAIT_FLAGS:
             t0 = trace.now_if(TRACE)
@@ -113,8 +113,8 @@ def fused_sequential_kernel(
     team = Team(rank, world_size, heap_bases)
     gemm = Gemm(a, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
     out = Output(c, gemm.M, gemm.N, strides[4], 1, BLOCK_M, BLOCK_N, GROUP_M)
-    call, _ = enter_call(sync_ptr, team, WORLD_BLOCK)
-    wait_peers_ready(call, team)
+    call, _ = enter_call(sync_ptr, c - rank * gemm.N, team, WORLD_BLOCK)  # C itself: c is my column block
+    team = wait_peers_ready(call, team)
     num_pid_m = tl.cdiv(gemm.M, BLOCK_M)
     num_pid_n = tl.cdiv(gemm.N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
@@ -144,7 +144,7 @@ def workgroup_specialized_kernel(
     team = Team(rank, world_size, heap_bases)
     gemm = Gemm(a, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
     out = Output(c, gemm.M, gemm.N, strides[4], 1, BLOCK_M, BLOCK_N, GROUP_M)
-    call, arrival = enter_call(sync_ptr, team, WORLD_BLOCK)
+    call, arrival = enter_call(sync_ptr, c - rank * gemm.N, team, WORLD_BLOCK)  # C itself: c is my column block
     if arrival < gemm_programs:
         produce_tiles(arrival, gemm_programs, gemm, out, call, team, trace_ptr)
     else:
@@ -170,7 +170,7 @@ def producer_kernel(
     team = Team(rank, world_size, heap_bases)
     gemm = Gemm(a, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
     out = Output(c, gemm.M, gemm.N, strides[4], 1, BLOCK_M, BLOCK_N, GROUP_M)
-    call = CallSync(sync_ptr, call_epoch(sync_ptr), 1)
+    call = CallSync(sync_ptr, call_epoch(sync_ptr), 0, 1)
     produce_tiles(tl.program_id(0), tl.num_programs(0), gemm, out, call, team, trace_ptr)
 
 
@@ -187,6 +187,6 @@ def scatter_kernel(
     Its programs wait on the GEMM kernel, never on each other: the program id picks their tiles."""
     team = Team(rank, world_size, heap_bases)
     out = Output(c, M, N, stride_cm, 1, BLOCK_M, BLOCK_N, GROUP_M)
-    call, _ = enter_call(sync_ptr, team, WORLD_BLOCK)
+    call, _ = enter_call(sync_ptr, c - rank * N, team, WORLD_BLOCK)  # C itself: c is my column block
     consume_tiles(tl.program_id(0), tl.num_programs(0), out, call, team, trace_ptr, WAIT_FLAGS)
     finish_call(call, team)

@@ -139,8 +139,8 @@ def push_kernel(
     team = Team(rank, world_size, heap_bases)
     rows = shape[0]
     gemm = _partial_product(a, b, shape, strides, world_size, TILE, USE_TMA, TO_EVERY_RANK)
-    call, _ = enter_call(sync_ptr, team, WORLD_BLOCK)
-    wait_peers_ready(call, team)
+    call, _ = enter_call(sync_ptr, slots, team, WORLD_BLOCK)
+    team = wait_peers_ready(call, team)
     _push(tl.program_id(0), tl.num_programs(0), gemm, slots, rows,
           None, call.epoch, trace_ptr, team, TO_EVERY_RANK)  # no flags: reduce_slots_kernel runs after
     finish_call(call, team)
@@ -197,11 +197,11 @@ def push_reduce_kernel(
     team = Team(rank, world_size, heap_bases)
     rows = shape[0]
     gemm = _partial_product(a, b, shape, strides, world_size, TILE, USE_TMA, TO_EVERY_RANK)
-    call, arrival = enter_call(sync_ptr, team, WORLD_BLOCK)
+    call, arrival = enter_call(sync_ptr, slots, team, WORLD_BLOCK)
     flags = flag_words(call, team)
     if arrival < gemm_programs:
-        wait_peers_ready(call, team)
-        _push(arrival, gemm_programs, gemm, slots, rows, flags, call.epoch, trace_ptr, team, TO_EVERY_RANK)
+        peers = wait_peers_ready(call, team)
+        _push(arrival, gemm_programs, gemm, slots, rows, flags, call.epoch, trace_ptr, peers, TO_EVERY_RANK)
     else:
         reduce_flagged_tiles(arrival - gemm_programs, tl.num_programs(0) - gemm_programs,
                              slots, c, rows, gemm.N,

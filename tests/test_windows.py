@@ -1,0 +1,124 @@
+"""ctx.register / ctx.unregister: a tensor made elsewhere (torch's allocator) reachable by peers.
+
+A kernel passes ``win.bases`` where the device API takes ``heap_bases`` and reads or writes peers'
+registered tensors; the values survive registration; debug mode's bounds check accepts the
+window's bytes and still refuses bytes past it; bad input gets clear errors; unregister and close
+end the registration.
+"""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import trident
+from trident.errors import ContextClosedError, DivergenceError
+
+
+@triton.jit
+def pull_and_push_kernel(x_ptr, out_ptr, n, rank, world_size, bases, BLOCK: tl.constexpr):
+    """out = the left neighbour's x; then x of the right neighbour += 1000 (a remote store)."""
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    left = (rank + world_size - 1) % world_size
+    right = (rank + 1) % world_size
+    tl.store(out_ptr + offs, trident.load(x_ptr + offs, rank, left, bases, mask=mask), mask=mask)
+    trident.atomic_add(x_ptr + offs, 1000.0, rank, right, bases, mask=mask)
+
+
+def _values(rank, n=100):
+    return torch.arange(n, dtype=torch.float32) + 100 * rank
+
+
+def _reach_peers(ctx):
+    x = _values(ctx.rank).to(ctx.device)  # torch's allocator, not the heap
+    assert not ctx.is_symmetric(x)
+    win = ctx.register(x)
+    assert torch.equal(x.cpu(), _values(ctx.rank)), "registering keeps the values"
+    out = torch.zeros(100, device=ctx.device)
+    ctx.barrier()
+    pull_and_push_kernel[(1,)](x, out, 100, ctx.rank, ctx.world_size, win.bases, BLOCK=128)
+    ctx.barrier()
+    left = (ctx.rank - 1) % ctx.world_size
+    pulled = torch.equal(out.cpu(), _values(left))
+    pushed = torch.equal(x.cpu(), _values(ctx.rank) + 1000)  # my left neighbour added to mine
+    seen = torch.equal(win.peer(left).cpu(), _values(left) + 1000)
+    ctx.unregister(win)
+    assert not win.registered
+    with pytest.raises(ContextClosedError, match="unregistered"):
+        win.peer(left)
+    return pulled, pushed, seen
+
+
+def test_a_kernel_reaches_peers_registered_tensors_through_the_window(pool):
+    for result in pool.run(_reach_peers):
+        assert result == (True, True, True), result
+
+
+@triton.jit
+def read_past_kernel(x_ptr, out_ptr, n, extra, rank, peer, bases, BLOCK: tl.constexpr):
+    """out = peer's x[0 .. n + extra): the lanes past n read beyond the registered tensor."""
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n + extra
+    tl.store(out_ptr + offs, trident.load(x_ptr + offs, rank, peer, bases, mask=mask, other=0.0), mask=mask)
+
+
+def _debug_bounds(ctx):
+    storage = torch.zeros(64 * 1024, device=ctx.device)  # x is its start: bytes past x stay mapped
+    x = storage[:64]
+    x.copy_(_values(ctx.rank, 64))
+    win = ctx.register(x)
+    out = torch.zeros(128, device=ctx.device)
+    peer = (ctx.rank + 1) % ctx.world_size
+    ctx.barrier()
+    read_past_kernel[(1,)](x, out, 64, 0, ctx.rank, peer, win.bases, BLOCK=128)
+    ctx.check()  # inside the window: no fault
+    inside = torch.equal(out[:64].cpu(), _values(peer, 64))
+    try:
+        read_past_kernel[(1,)](x, out, 64, 8, ctx.rank, peer, win.bases, BLOCK=128)
+        ctx.check()
+        message = "no error"
+    except trident.DeviceError as exc:  # the simulator raises in the launch, a GPU in check()
+        message = str(exc)
+    ctx.barrier()
+    ctx.unregister(win)
+    return inside, message
+
+
+def test_debug_mode_accepts_a_windows_bytes_and_refuses_bytes_past_it(debug_pool):
+    for inside, message in debug_pool.run(_debug_bounds):
+        assert inside
+        assert "access outside the symmetric heap" in message, message
+
+
+def _bad_input(ctx):
+    errors = []
+    for bad in (ctx.zeros(8), torch.zeros(0, device=ctx.device), torch.zeros(80, device=ctx.device)[1:], "x"):
+        with pytest.raises((TypeError, ValueError)) as caught:
+            ctx.register(bad)
+        errors.append(str(caught.value))
+    with pytest.raises(DivergenceError, match="same shape"):
+        ctx.register(torch.zeros(8 + ctx.rank, device=ctx.device))  # ranks disagree
+    win = ctx.register(torch.ones(16, device=ctx.device))
+    ctx.unregister(win)
+    with pytest.raises(ValueError, match="not registered"):
+        ctx.unregister(win)
+    with pytest.raises(TypeError, match="what ctx.register returned"):
+        ctx.unregister(torch.ones(16))
+    kept = ctx.register(torch.ones(16, device=ctx.device))
+    return errors, kept
+
+
+def _refusals_then_close(ctx):
+    with trident.init(heap_size=16 << 20) as inner:  # a context of its own: closing it leaves the pool's
+        errors, kept = _bad_input(inner)
+    return errors, kept.registered
+
+
+def test_bad_registrations_are_refused_clearly_and_close_ends_the_rest(pool2):
+    for errors, registered in pool2.run(_refusals_then_close):
+        assert "symmetric heap already" in errors[0]
+        assert "empty" in errors[1]
+        assert "byte boundary" in errors[2]
+        assert "expected a torch.Tensor" in errors[3]
+        assert not registered, "close() ends every registration"
