@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,7 @@ def child_program() -> str:
     source = (ROOT / "tests" / "test_ops_compile_sm90.py").read_text()
     child = source.split("CHILD = r'''")[1].split("'''")[0]
     if _RECORD not in child:
-        raise SystemExit("tests/test_ops_compile_sm90.py changed its record line: update benchmarks/ptx_instructions.py")
+        raise SystemExit("tests/test_ops_compile_sm90.py changed its record line: update this script's _RECORD")
     return _COUNTER + child.replace(_RECORD, _COUNT)
 
 

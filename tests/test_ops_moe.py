@@ -368,7 +368,7 @@ results = {}
 for ones in (False, True):
     for fp8 in (False, True):
         scale = "*fp32" if fp8 else "constexpr"
-        meta = {"BLOCKS": (256, 8, 1024, 1024, 64), "REPORT": True, "WORLD_BLOCK": 8}
+        meta = {"BLOCKS": (256, 4, 1024, 1024, 64), "REPORT": True, "WORLD_BLOCK": 8}  # PAIRS 4: the H200 choice
         if not fp8:
             meta.update(scales_ptr=None, recv_scales_ptr=None)
         build(f"dispatch fp8={fp8}", moe_dispatch_kernel, {**DISPATCH, "scales_ptr": scale, "recv_scales_ptr": scale},

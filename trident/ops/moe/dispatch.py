@@ -50,6 +50,11 @@ MAX_EXPERTS = 1024
 #: The per-context resource that counts dispatches (a result is valid until the next).
 STATE_KEY = "ops.moe"
 
+#: Words (of the row's word type) one step of the dispatch moves: ``PAIRS`` rows of ``BLOCK_R`` words.
+TILE_WORDS = 4096
+#: Most (token, j) rows one step of the dispatch moves.
+ROWS_PER_STEP = 16
+
 
 class DispatchCount:
     """What the context remembers between calls: how many dispatches it ran (a result's generation)."""
@@ -287,15 +292,16 @@ def _run_dispatch(team, rec, tensors, options) -> None:
         rec.every_replay(local.zero_)
         rec.every_replay(status.zero_)
     else:
-        programs = max(1, min(ctx.platform.program_limit, max_tokens))
         block_r = min(triton.next_power_of_2(row_words), 1024)
+        pairs = min(ROWS_PER_STEP, max(1, TILE_WORDS // block_r))  # rows a step moves: a tile of ~TILE_WORDS
+        programs = max(1, min(ctx.platform.program_limit, triton.cdiv(max_tokens * k, pairs)))
         rec.launch(moe_dispatch_kernel, (programs,), (
             x.view(word), None if x_scales is None else x_scales, topk_idx,
             recv_words, None if x_scales is None else recv_scales, recv_src, recv_j,
             counts, local, status,  # local holds offsets and recv_counts too
             (tokens, row_words, scale_cols, k, experts_local, max_tokens, rows),
             sync, ctx.rank, world, ctx.heap_bases),
-            dict(BLOCKS=(triton.next_power_of_2(num_experts), triton.next_power_of_2(k),  # E_BLOCK, K_BLOCK
+            dict(BLOCKS=(triton.next_power_of_2(num_experts), pairs,  # E_BLOCK, PAIRS
                          min(1024, triton.next_power_of_2(max(max_tokens * k, 16))), block_r,  # CHUNK, BLOCK_R
                          triton.next_power_of_2(max(scale_cols, 1))),  # BLOCK_S
                  REPORT=max_tokens_per_rank is not None, WORLD_BLOCK=triton.next_power_of_2(world)),

@@ -16,9 +16,11 @@ Dispatch (``moe_dispatch_kernel``), roles by arrival ticket:
   *cursor* per expert: where this rank's rows for that expert start at its owner. Then it raises
   the local *layout* flag.
 * every program (the planner too, afterwards) waits for the layout flag (set by ticket 0, which
-  started first), then sends its tokens ``t = ticket, ticket + programs, ...``: per (token, j) an
-  atomic add on the expert's cursor gives the row's slot at the owner, and the row (with its
-  scales, its origin and its j) is stored straight into the owner's receive buffer.
+  started first), then sends its (token, j) choices, ``PAIRS`` at a time: per choice an atomic add
+  on the expert's cursor gives the row's slot at the owner, and the step's rows (with their
+  scales, origins and j) are stored straight into the owners' receive buffers as one block of
+  ``PAIRS`` rows, each row to its own owner. No flag per row: the call's exit handshake makes
+  every peer's rows land before the kernel ends.
 
 Combine, two steps (one at one rank), no flag per row:
 
@@ -117,51 +119,47 @@ def _plan(topk_ptr, counts_ptr, local_ptr, status_ptr, sizes, call, team,
 
 
 @triton.jit
-def _store_to_choices(dst_ptr, width, offs, values, mask, jj, keep, slots, dests, k, rank, heap_bases):
-    """For each kept choice j of one token, store ``values`` at ``offs`` of row ``slots[j]`` (``width``
-    words a row) of rank ``dests[j]``'s ``dst`` (a token's row piece, or its scales)."""
-    for j in range(k):
-        if tl.sum(tl.where(jj == j, keep.to(tl.int32), 0)) > 0:
-            slot = tl.sum(tl.where(jj == j, slots, 0))
-            dest = tl.sum(tl.where(jj == j, dests, 0))
-            store(dst_ptr + slot * width + offs, values, rank, dest, heap_bases, mask=mask)
-
-
-@triton.jit
 def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team,
-               K_BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Store this program's tokens (``me, me + programs, ...``) into their experts' owners' buffers
-    ``recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr)`` (``sent``: local, where
-    each choice went); ``sizes`` is the kernel's."""
+               PAIRS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Store this program's (token, j) choices into their experts' owners' buffers, ``PAIRS`` choices
+    a step (steps ``me, me + programs, ...`` over the ``tokens * k`` choices): every lane of a step
+    takes its row's slot at the owner (an atomic add on the expert's cursor), then the step moves its
+    rows as one ``PAIRS x BLOCK_R`` block a column chunk at a time, each lane-row to its own owner.
+    ``recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr)`` (``sent``: local,
+    where each choice went); ``sizes`` is the kernel's."""
     tokens, row_words, scale_words, k, experts_local, max_tokens, capacity = sizes
     recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr = recv
     rank, heap_bases = team.rank, team.heap_bases
     experts = experts_local * team.world_size
-    jj = tl.arange(0, K_BLOCK)
+    lanes = tl.arange(0, PAIRS)
     cols = tl.arange(0, BLOCK_R)
-    for t in range(me, tokens, tl.num_programs(0)):
-        t64 = tl.cast(t, tl.int64)
-        ids = tl.load(topk_ptr + t64 * k + jj, mask=jj < k, other=-1)
-        valid = (jj < k) & (ids >= 0) & (ids < experts)
+    choices = tokens * k
+    for start in range(me * PAIRS, choices, tl.num_programs(0) * PAIRS):
+        choice = start + lanes.to(tl.int64)   # = token * k + j
+        listed = choice < choices
+        ids = tl.load(topk_ptr + choice, mask=listed, other=-1)
+        valid = listed & (ids >= 0) & (ids < experts)
         slots = tl.atomic_add(cursor_ptr + tl.where(valid, ids, 0), 1, mask=valid, sem="relaxed", scope="gpu")
         keep = valid & (slots < capacity)  # past the capacity: not delivered, reported (status words)
         dests = tl.where(keep, ids // experts_local, rank).to(tl.int32)
         slots = tl.where(keep, slots, 0).to(tl.int64)
+        token = choice // k
         # Where each choice went (for the combine's local reads): owner * capacity + slot, or -1.
-        tl.store(sent_ptr + t64 * k + jj, tl.where(keep, dests * capacity + slots, -1).to(tl.int32), mask=jj < k)
-        store(recv_src_ptr + slots, rank * max_tokens + t64 + slots * 0, rank, dests, heap_bases, mask=keep)
-        store(recv_j_ptr + slots, jj, rank, dests, heap_bases, mask=keep)
+        tl.store(sent_ptr + choice, tl.where(keep, dests * capacity + slots, -1).to(tl.int32), mask=listed)
+        store(recv_src_ptr + slots, rank * max_tokens + token, rank, dests, heap_bases, mask=keep)
+        store(recv_j_ptr + slots, (choice % k).to(tl.int32), rank, dests, heap_bases, mask=keep)
         for c in range(0, row_words, BLOCK_R):
             offs = c + cols
-            in_row = offs < row_words
-            row = tl.load(x_ptr + t64 * row_words + offs, mask=in_row)
-            _store_to_choices(recv_x_ptr, row_words, offs, row, in_row, jj, keep, slots, dests, k, rank, heap_bases)
+            mask = keep[:, None] & (offs < row_words)[None, :]
+            rows = tl.load(x_ptr + token[:, None] * row_words + offs[None, :], mask=mask)
+            store(recv_x_ptr + slots[:, None] * row_words + offs[None, :], rows, rank, dests[:, None], heap_bases,
+                  mask=mask)
         if scales_ptr is not None:
             scols = tl.arange(0, BLOCK_S)
-            in_scales = scols < scale_words
-            scale = tl.load(scales_ptr + t64 * scale_words + scols, mask=in_scales)
-            _store_to_choices(recv_scales_ptr, scale_words, scols, scale, in_scales, jj, keep, slots, dests, k,
-                              rank, heap_bases)
+            mask = keep[:, None] & (scols < scale_words)[None, :]
+            scales = tl.load(scales_ptr + token[:, None] * scale_words + scols[None, :], mask=mask)
+            store(recv_scales_ptr + slots[:, None] * scale_words + scols[None, :], scales, rank, dests[:, None],
+                  heap_bases, mask=mask)
 
 
 @triton.jit
@@ -172,7 +170,7 @@ def moe_dispatch_kernel(
     sizes,                     # (tokens, row_words, scale_words, k, experts_local, max_tokens, capacity)
     sync_ptr,
     rank, world_size, heap_bases,
-    BLOCKS: tl.constexpr,      # (E_BLOCK, K_BLOCK, CHUNK, BLOCK_R, BLOCK_S)
+    BLOCKS: tl.constexpr,      # (E_BLOCK, PAIRS, CHUNK, BLOCK_R, BLOCK_S)
     REPORT: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
     """Send every (token, j) with a valid expert to the expert's owner (see the module doc).
@@ -182,7 +180,7 @@ def moe_dispatch_kernel(
     each of its (token, j) went (``owner * capacity + slot``, -1 for none: the combine's map).
     """
     E_BLOCK: tl.constexpr = BLOCKS[0]
-    K_BLOCK: tl.constexpr = BLOCKS[1]
+    PAIRS: tl.constexpr = BLOCKS[1]
     CHUNK: tl.constexpr = BLOCKS[2]
     BLOCK_R: tl.constexpr = BLOCKS[3]
     BLOCK_S: tl.constexpr = BLOCKS[4]
@@ -203,7 +201,7 @@ def moe_dispatch_kernel(
         tl.store(recv_src_ptr + offs, tl.full([_FILL], -1, tl.int64), mask=offs < capacity)
     sent_ptr = local_ptr + 2 * world_size * sizes[4] + 2 * sizes[4]  # after the offsets and counts
     recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr)
-    _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, local_ptr, sizes, team, K_BLOCK, BLOCK_R, BLOCK_S)
+    _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, local_ptr, sizes, team, PAIRS, BLOCK_R, BLOCK_S)
     finish_call(call, team)
 
 
