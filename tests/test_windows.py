@@ -122,3 +122,38 @@ def test_bad_registrations_are_refused_clearly_and_close_ends_the_rest(pool2):
         assert "byte boundary" in errors[2]
         assert "expected a torch.Tensor" in errors[3]
         assert not registered, "close() ends every registration"
+
+
+@triton.jit
+def fill_right_kernel(x_ptr, n, value, rank, world_size, bases, BLOCK: tl.constexpr):
+    """The right neighbour's x[:n] = value."""
+    offs = tl.arange(0, BLOCK)
+    trident.store(x_ptr + offs, tl.full([BLOCK], value, tl.float32), rank, (rank + 1) % world_size, bases,
+                  mask=offs < n)
+
+
+def _graph_inputs(ctx):
+    static_in = torch.zeros(256, device=ctx.device)  # torch's caching allocator, before capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the capture stream, as torch recommends
+        static_in * 2
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = static_in * 2
+    win = ctx.register(static_in)  # the graph's input, registered after its capture
+    ctx.barrier()
+    fill_right_kernel[(1,)](static_in, 256, float(ctx.rank + 1), ctx.rank, ctx.world_size, win.bases, BLOCK=256)
+    ctx.barrier()
+    graph.replay()  # reads what the left neighbour wrote into this rank's input
+    torch.cuda.synchronize()
+    left = (ctx.rank - 1) % ctx.world_size
+    ok = torch.equal(static_out.cpu(), torch.full((256,), 2.0 * (left + 1)))
+    ctx.unregister(win)
+    return ok
+
+
+@pytest.mark.skipif(trident.platform.SIMULATOR, reason="CUDA graphs need the cuda backend")
+def test_a_cuda_graphs_captured_input_is_registered_and_written_by_a_peer(pool):
+    assert all(pool.run(_graph_inputs))
