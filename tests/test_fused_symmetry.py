@@ -89,3 +89,25 @@ def _first_call_after_diverging(ctx):
 
 def test_a_fused_op_first_called_after_ranks_diverged_refuses_before_any_write(pool2):
     assert all(pool2.run(_first_call_after_diverging))
+
+
+def _heap_allocations_out_of_step(ctx):
+    A, B_local, want = _operands(ctx)
+    good = ctx.zeros(M, N_LOCAL * ctx.world_size)
+    trident.ops.gemm_all_scatter(ctx, A, B_local, good, pattern="fused_sequential")  # sync block made in step
+    kept = []
+    with ctx.heap_allocations():  # activations torch makes on the heap; rank 1 makes one more first
+        if ctx.rank == 1:
+            kept.append(torch.full((4096,), 3.0, device=ctx.device))
+        C = torch.zeros(M, N_LOCAL * ctx.world_size, device=ctx.device)
+    trident.ops.gemm_all_scatter(ctx, A, B_local, C, pattern="fused_sequential")
+    with pytest.raises(DivergenceError, match="lies at heap offset"):
+        ctx.check()
+    untouched = all(bool(torch.equal(t.cpu(), torch.full((4096,), 3.0))) for t in kept)
+    with pytest.raises(DivergenceError, match="out of step"):
+        ctx.barrier()  # the allocation digests differ too
+    return untouched
+
+
+def test_a_fused_op_on_heap_allocations_made_out_of_step_fails_and_overwrites_nothing(pool2):
+    assert all(pool2.run(_heap_allocations_out_of_step))
