@@ -327,9 +327,18 @@ def test_tp_layer_times_the_decoder_layer(pool2, tmp_path):
     rec, files = pool2.run(_bench, "tp_layer", ["--tokens", "1", "8", "--no-progress"], str(tmp_path / "tp"))[0]
     _check_common(rec, files, 2)
     impls = {r["impl"] for r in rec["rows"]}
-    assert impls == ({"trident", "trident_zero_copy", "torch"} if rec["performance_figure"]
-                     else {"trident", "trident_zero_copy"})
+    assert impls == ({"trident", "trident_zero_copy", "local", "torch"} if rec["performance_figure"]
+                     else {"trident", "trident_zero_copy", "local"})
     assert rec["zero_copy_matches"] is True  # the heap-buffer layer gives the staged layer's result
+    for row in rec["rows"]:  # each against the layer with no communication, same mode and size
+        local = next(r for r in rec["rows"] if r["impl"] == "local" and r["tokens"] == row["tokens"]
+                     and r["mode"] == row["mode"])
+        assert row["vs_local"] == pytest.approx(row["time_us"] / local["time_us"])
+    if not SIMULATOR:  # profiled once per layer: the zero-copy layer copies no more than the staged one
+        eager = {(r["impl"], r["tokens"]): r for r in rec["rows"] if r["mode"] == "eager"}
+        for tokens in (1, 8):
+            assert eager[("trident_zero_copy", tokens)]["copies"] <= eager[("trident", tokens)]["copies"]
+            assert eager[("local", tokens)]["kernels"] > 0
     assert {r["tokens"] for r in rec["rows"]} == {1, 8} and all(r["time_us"] > 0 for r in rec["rows"])
 
 

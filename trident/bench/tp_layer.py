@@ -9,7 +9,11 @@ Llama-3-70B or 8B split over the world size; tokens from decode (1-128) to prefi
 Each is timed eagerly and inside a CUDA graph (GPU), reporting device time and host time per call.
 ``trident_zero_copy`` is the trident layer with its O projection written into a heap buffer made
 inside ``ctx.heap_allocations()`` (docs/pytorch.md, "Zero copy"), so its all-reduce stages nothing.
-The torch layer needs NCCL (a GPU per rank); with ranks sharing a GPU only trident's is timed.
+``local`` is the same layer with no communication at all (what one rank alone would run): the floor
+the others are compared with (``vs_local``). On a GPU each layer's eager call is also profiled once
+(torch.profiler): ``kernels`` launched and ``copies`` among them (memcpy or copy kernels, where a
+staging copy would show). The torch layer needs NCCL (a GPU per rank); with ranks sharing a GPU only
+trident's and the local layer are timed.
 """
 
 from __future__ import annotations
@@ -90,6 +94,11 @@ class Layer:
         trident.ops.gemm_all_reduce(self.ctx, self._mlp_input(out), self.down, mlp)
         return h + mlp
 
+    def local(self, x):
+        """The same layer with no communication (this rank's shards alone): the others' floor."""
+        h = x + self._attention(x) @ self.o
+        return h + self._mlp_input(_rmsnorm(h, self.ln2)) @ self.down
+
     def torch(self, x):
         """The same layer with torch.matmul and NCCL all-reduces (collective)."""
         partial = self._attention(x) @ self.o
@@ -111,11 +120,22 @@ def _graph(fn, x, calls: int):
     return graph
 
 
+def _kernel_counts(fn, x) -> dict:
+    """Kernels one eager ``fn(x)`` launches on the GPU, and how many of them copy (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(x)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {"kernels": len(names), "copies": sum(1 for n in names if "copy" in n.lower() or n.startswith("Memcpy"))}
+
+
 def run(ctx, args) -> dict:
     """Time both layers for every model and token count (collective); returns the record on every rank."""
     dtype = torch.float32 if ctx.platform.simulator else torch.bfloat16
     record = harness.new_record(ctx, "tp_layer", harness.params(args))
-    impls = ["trident", "trident_zero_copy"] + (["torch"] if ctx.platform.nccl_usable else [])
+    impls = ["trident", "trident_zero_copy", "local"] + (["torch"] if ctx.platform.nccl_usable else [])
     for model in args.models:
         layer = Layer(ctx, model, dtype)
         for tokens in harness.progress(args.tokens, ctx, args, model):
@@ -129,6 +149,8 @@ def run(ctx, args) -> dict:
                 row = {"model": model, "tokens": tokens, "impl": impl, "mode": "eager",
                        "time_us": harness.max_over_ranks(ctx, t.device_ms) * 1e3,
                        "host_us": harness.max_over_ranks(ctx, t.host_ms) * 1e3}
+                if not ctx.platform.simulator:
+                    row.update(_kernel_counts(fn, x))
                 record["rows"].append(row)
                 if not ctx.platform.simulator and tokens <= args.graph_max_tokens:
                     graph = _graph(fn, x, args.graph_calls)
@@ -141,6 +163,9 @@ def run(ctx, args) -> dict:
         ref = next((r["time_us"] for r in record["rows"] if r["impl"] == "torch" and r["mode"] == row["mode"]
                     and r["model"] == row["model"] and r["tokens"] == row["tokens"]), None)
         row["speedup_vs_torch"] = ref / row["time_us"] if ref else None
+        local = next(r["time_us"] for r in record["rows"] if r["impl"] == "local" and r["mode"] == row["mode"]
+                     and r["model"] == row["model"] and r["tokens"] == row["tokens"])
+        row["vs_local"] = row["time_us"] / local
     return record
 
 
@@ -164,7 +189,8 @@ def sim_sizes(args) -> None:
 def report(record: dict, out: str) -> list[str]:
     """Write the JSON and the plot into ``out`` and print the table; returns the files written."""
     columns = [("model", "model", ""), ("tokens", "tokens", "d"), ("impl", "impl", ""), ("mode", "mode", ""),
-               ("time_us", "device us", ".1f"), ("host_us", "host us", ".1f"), ("speedup_vs_torch", "vs torch", ".2f")]
+               ("time_us", "device us", ".1f"), ("host_us", "host us", ".1f"), ("speedup_vs_torch", "vs torch", ".2f"),
+               ("vs_local", "vs local", ".2f"), ("copies", "copies", "")]
     eager = {**record, "rows": [r for r in record["rows"] if r["mode"] == "eager"]}
     return harness.write_report(record, out, columns, plots=[lambda: plots.loglog(
         eager, f"{out}/tp_layer.png", "model", "impl", "tokens", "time_us", "tokens", "time (us)",
