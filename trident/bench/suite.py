@@ -154,6 +154,14 @@ SUITES: dict[str, list[Step]] = {
     # then ranks sharing the GPU under MPS at decode size (latency, never bandwidth).
     "moe": [INFO, bench("moe_1", "moe", 1, limit=240)]
            + [bench(f"moe_{n}", "moe", n, "--mps", "--tokens", "128", limit=120) for n in (2, 4, 8)],
+    # The headline figures at one rank in one device call (under ten minutes): host time per call through
+    # every entry and its anatomy, MoE at decode and prefill sizes, the decoder layer at decode sizes with
+    # its zero-copy and no-communication variants, GEMM + all-scatter against the GEMM alone.
+    "headline": [INFO, bench("latency_1", "latency", 1, limit=120),
+                 script("host_anatomy", "benchmarks/host_anatomy.py", 1, "--out", "{out}/host_anatomy", limit=90),
+                 bench("moe_1", "moe", 1, "--tokens", "128", "4096", limit=150),
+                 bench("tp_layer_1", "tp-layer", 1, "--models", "8b", "--tokens", "1", "32", limit=90),
+                 bench("gemm_all_scatter_1", "gemm-all-scatter", 1, limit=120), SUMMARY],
     # One quick step in the CPU simulator: the suite machinery, anywhere (tests/test_bench.py runs it).
     "sim-smoke": [bench("p2p_sim", "p2p", 1, "--ops", "load", "--bytes", "4K", limit=90,
                         env={"TRIDENT_BACKEND": "sim"})],
