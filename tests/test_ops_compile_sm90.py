@@ -92,11 +92,11 @@ for to_every_rank, op in ((False, "gemm_reduce_scatter"), (True, "gemm_all_reduc
         operands = {"a": ab(tma)["a"], "b": ab(tma)["b"], "slots": "*bf16"}
         sizes = {**SHAPE, **strides(4)}
         meta = dict(TILE=(BM, BN, BK, 8), USE_TMA=tma, TO_EVERY_RANK=to_every_rank, WORLD_BLOCK=8)
-        case(f"{op} push tma={tma}", R.push_kernel, {**operands, **sizes, **sync(False), **WORLD}, meta)
+        case(f"{op} push tma={tma}", R.push_kernel, {**operands, "c": "*bf16", **sizes, **sync(False), **WORLD}, meta)
         case(f"{op} push_reduce tma={tma}", R.push_reduce_kernel,
              {**operands, "c": "*bf16", **sizes, "gemm_programs": "i32", **sync(tma), **WORLD}, meta)
 case("reduce_slots", R.reduce_slots_kernel, {"slots": "*bf16", "c": "*bf16", "m": "i32", "N": "i32",
-     "world_size": "i32"}, {"BLOCK": 1024})
+     "rank": "i32", "world_size": "i32"}, {"BLOCK": 1024})
 print(json.dumps(results))
 '''
 

@@ -75,6 +75,14 @@ def test_pattern_matches_torch(pool, op, pattern):
 
 
 @pytest.mark.parametrize("op", ["all_gather_gemm", "gemm_reduce_scatter"])
+def test_one_rank_every_fused_pattern_is_the_gemm(op):
+    """Alone, a rank's own partial is all of C (gemm_reduce_scatter adds no peer's slot): A @ B."""
+    from tests.conftest import get_pool
+
+    assert_gemm_errors(get_pool(1).run(_body, op, FUSED, CASES[:2]), 2 * 2 * len(FUSED), op)
+
+
+@pytest.mark.parametrize("op", ["all_gather_gemm", "gemm_reduce_scatter"])
 def test_patterns_in_turn_and_with_gemm_all_scatter(pool2, op):
     """Every pattern (and auto) one after another, then gemm_all_scatter: one epoch count for all."""
     case = [(torch.float16, 8, 16, 32, SMALL)]

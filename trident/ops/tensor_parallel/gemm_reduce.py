@@ -9,7 +9,8 @@ one set of functions here, told which by ``to_every_rank``:
   (the op then runs its library collective on it);
 * :func:`push_then_sum` (``fused_sequential``) and :func:`push_and_sum`
   (``workgroup_specialized``): the kernels of :mod:`trident.ops.tensor_parallel.gemm_reduce_kernels`, which
-  store each partial tile into a slot of the rank that keeps its rows and sum the W slots there.
+  store each partial tile into a slot of the rank that keeps its rows (a rank's own rows straight
+  into its C) and add the peers' slots into C there.
 
 :func:`partial_product_spec` makes either op's :class:`~trident.ops.fused.call.OpSpec` from its
 own ``bulk_synchronous`` and ``baseline``.
@@ -97,33 +98,37 @@ def _sizes(call: FusedCall, rows: int) -> tuple[tuple[int, ...], tuple[int, ...]
 
 def push_then_sum(call: FusedCall, to_every_rank: bool) -> None:
     """``fused_sequential``: one kernel pushes every partial tile into the slot of the rank(s) that
-    keep its rows; then a local kernel sums my W slots into C."""
+    keep its rows (my own rows' straight into C); then a local kernel adds the peers' slots into C."""
     ctx, cfg, (rows, N) = call.ctx, call.cfg, call.C.shape
     slots = _slots(call, rows)
     a, b, use_tma = _operands(call)
     per_slot = triton.cdiv(rows, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
     computed = per_slot if to_every_rank else ctx.world_size * per_slot  # the tiles of my whole product
     call.launch_gemm(kernels.push_kernel, (num_programs(ctx.platform, computed, cfg),), (
-        a, b, slots, *_sizes(call, rows),
+        a, b, slots, call.C, *_sizes(call, rows),
         call.sync(), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
     ), tile_as_tuple=True, USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank)
+    if ctx.world_size == 1:
+        return  # my own partial is C: no peer's slot to add
     programs = max(1, min(triton.cdiv(rows * N, REDUCE_BLOCK), 4 * ctx.platform.sm_count))
-    call.launch(kernels.reduce_slots_kernel, (programs,), (slots, call.C, rows, N, ctx.world_size),
+    call.launch(kernels.reduce_slots_kernel, (programs,), (slots, call.C, rows, N, ctx.rank, ctx.world_size),
                 dict(BLOCK=REDUCE_BLOCK), num_warps=4)
 
 
 def push_and_sum(call: FusedCall, to_every_rank: bool) -> None:
     """``workgroup_specialized``: one kernel whose GEMM programs push tiles and flag them where they
-    stored them, and whose reducer programs sum each of my tiles of C once all W ranks flagged it."""
+    stored them (my own rows' into C), and whose reducer programs add the peers' slots into each of my
+    tiles of C once all W ranks flagged it."""
     ctx, cfg, (rows, N) = call.ctx, call.cfg, call.C.shape
     slots = _slots(call, rows)
     a, b, use_tma = _operands(call)
     per_slot = triton.cdiv(rows, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)  # my tiles of C, and each peer's
     computed = per_slot if to_every_rank else ctx.world_size * per_slot
     sync = call.sync(flags=ctx.world_size * per_slot)
-    # The reducers wait for the GEMM programs of every rank's launch.
+    # The reducers wait for the GEMM programs of every rank's launch; alone, there is no peer's slot to add.
     gemm_programs, comm = split_roles(call, comm_work=per_slot, other_work=computed)
+    comm = comm if ctx.world_size > 1 else 0
     call.launch_gemm(kernels.push_reduce_kernel, (gemm_programs + comm,), (
         a, b, slots, call.C, *_sizes(call, rows),
         gemm_programs,

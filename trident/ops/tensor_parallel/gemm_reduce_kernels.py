@@ -14,11 +14,13 @@ is a partial sum of the whole M x N result. Two ways to sum it, chosen by the co
   ``slots[s]`` of *every* rank (one-shot: each tile is computed once and pushed W times;
   :func:`push_all_tiles`).
 
-Either way each rank has a symmetric ``slots`` array (W x rows x N, C's dtype; rows = m or M) and
-sums its W slots in fp32:
+Either way a rank's own partial of its rows goes straight into its C, and every other rank's
+into a symmetric ``slots`` array (W x rows x N, C's dtype; rows = m or M; ``slots[s]`` from rank s,
+this rank's own slot unused); C is then its own partial plus the W - 1 peers' slots, in fp32. At
+one rank there is nothing to sum: the patterns are the GEMM and the call's handshake.
 
 * :func:`push_kernel` (``fused_sequential``): one persistent kernel computes every tile and
-  pushes it; :func:`reduce_slots_kernel` then sums the slots (after the handshake of
+  pushes it; :func:`reduce_slots_kernel` then adds the peers' slots into C (after the handshake of
   :func:`~trident.ops.fused.sync.finish_call`, every peer's partials have landed when the first
   kernel ends).
 * :func:`push_reduce_kernel` (``workgroup_specialized``): GEMM programs push tiles as in
@@ -46,10 +48,10 @@ from ..gemm.tiles import shard_tile, tile_coords, tile_dot, tile_dot_range, tile
 
 
 @triton.jit
-def push_tiles(first, step, gemm, slots, m, flags_ptr, epoch, trace_ptr, team):
+def push_tiles(first, step, gemm, slots, c, m, flags_ptr, epoch, trace_ptr, team):
     """Tiles ``first, first + step, ...`` of my partial product (``gemm``: A has ``W * m`` rows), each
-    stored into its owner's ``slots[rank]`` (``m x N``); with a ``flags_ptr`` (not None) also release the
-    tile's flag at the owner."""
+    stored into its owner's ``slots[rank]`` (``m x N``), or into my C (``m x N``, contiguous) where I own
+    it; with a ``flags_ptr`` (not None) also release the tile's flag at the owner."""
     TRACE: tl.constexpr = trace_ptr is not None
     BLOCK_M: tl.constexpr = gemm.BLOCK_M
     BLOCK_N: tl.constexpr = gemm.BLOCK_N
@@ -63,17 +65,21 @@ def push_tiles(first, step, gemm, slots, m, flags_ptr, epoch, trace_ptr, team):
         trace.record(trace_ptr, trace.COMPUTE, tile, owner, t0, rank, TRACE)
         t0 = trace.now_if(TRACE)
         offs, mask = tile_offsets(pid_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)
-        mine = slots + tl.cast(rank, tl.int64) * m * N  # my slot, at the same offset in every rank's heap
-        store(mine + offs, acc.to(slots.dtype.element_ty), rank, owner, team.heap_bases, mask=mask)
+        if owner == rank:
+            tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
+        else:
+            mine = slots + tl.cast(rank, tl.int64) * m * N  # my slot, at the same offset in every rank's heap
+            store(mine + offs, acc.to(slots.dtype.element_ty), rank, owner, team.heap_bases, mask=mask)
         if flags_ptr is not None:
             signal(flags_ptr + rank * per_shard + tile % per_shard, epoch, rank, owner, team.heap_bases)
         trace.record(trace_ptr, trace.COMM, tile, owner, t0, rank, TRACE)
 
 
 @triton.jit
-def push_all_tiles(first, step, gemm, slots, flags_ptr, epoch, trace_ptr, team):
+def push_all_tiles(first, step, gemm, slots, c, flags_ptr, epoch, trace_ptr, team):
     """Tiles ``first, first + step, ...`` of my partial product, each stored into ``slots[rank]`` of
-    every rank; with a ``flags_ptr`` (not None) also release the tile's flag at every rank."""
+    every other rank and into my C (``M x N``, contiguous); with a ``flags_ptr`` (not None) also release
+    the tile's flag at every rank."""
     TRACE: tl.constexpr = trace_ptr is not None
     rank, world_size, M, N = team.rank, team.world_size, gemm.M, gemm.N
     num_pid_m = tl.cdiv(M, gemm.BLOCK_M)
@@ -90,19 +96,22 @@ def push_all_tiles(first, step, gemm, slots, flags_ptr, epoch, trace_ptr, team):
         part = acc.to(slots.dtype.element_ty)
         for i in range(world_size):
             peer = (rank + 1 + i) % world_size  # the next rank first, myself last
-            store(mine + offs, part, rank, peer, team.heap_bases, mask=mask)
+            if peer == rank:
+                tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
+            else:
+                store(mine + offs, part, rank, peer, team.heap_bases, mask=mask)
             if flags_ptr is not None:
                 signal(flags_ptr + rank * tiles + tile, epoch, rank, peer, team.heap_bases)
         trace.record(trace_ptr, trace.COMM, tile, rank, t0, rank, TRACE)
 
 
 @triton.jit
-def _push(first, step, gemm, slots, rows, flags_ptr, epoch, trace_ptr, team, TO_EVERY_RANK: tl.constexpr):
+def _push(first, step, gemm, slots, c, rows, flags_ptr, epoch, trace_ptr, team, TO_EVERY_RANK: tl.constexpr):
     """:func:`push_all_tiles` or :func:`push_tiles` (``rows`` = m: a slot's rows), as ``TO_EVERY_RANK`` says."""
     if TO_EVERY_RANK:
-        push_all_tiles(first, step, gemm, slots, flags_ptr, epoch, trace_ptr, team)
+        push_all_tiles(first, step, gemm, slots, c, flags_ptr, epoch, trace_ptr, team)
     else:
-        push_tiles(first, step, gemm, slots, rows, flags_ptr, epoch, trace_ptr, team)
+        push_tiles(first, step, gemm, slots, c, rows, flags_ptr, epoch, trace_ptr, team)
 
 
 @triton.jit
@@ -117,17 +126,19 @@ def _partial_product(a, b, shape, strides, world_size, TILE: tl.constexpr, USE_T
 
 
 @triton.jit
-def sum_slots(slots, c, offs, mask, m, N, world_size):
-    """``sum over s of slots[s][offs]`` in fp32, stored into ``c + offs`` in C's dtype."""
-    acc = tl.zeros(offs.shape, tl.float32)
+def sum_slots(slots, c, offs, mask, m, N, rank, world_size):
+    """``c[offs] + sum over s != rank of slots[s][offs]`` in fp32 (C holds my own partial), stored into
+    ``c + offs`` in C's dtype."""
+    acc = tl.load(c + offs, mask=mask, other=0.0).to(tl.float32)
     for s in range(world_size):
-        acc += tl.load(slots + tl.cast(s, tl.int64) * m * N + offs, mask=mask, other=0.0).to(tl.float32)
+        if s != rank:
+            acc += tl.load(slots + tl.cast(s, tl.int64) * m * N + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def push_kernel(
-        a, b, slots,                                    # A, B (descriptors or pointers), the slots (symmetric)
+        a, b, slots, c,                                 # A, B (descriptors or pointers), the slots (symmetric), my C
         shape, strides,                                 # (rows, N, K), rows: of a slot (m, or M to every rank),
                                                         # K: my shard; (stride_am, stride_ak, stride_bk, stride_bn)
         sync_ptr, trace_ptr,                            # the sync block; the trace buffer or None
@@ -135,23 +146,23 @@ def push_kernel(
         TILE: tl.constexpr,                             # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
         USE_TMA: tl.constexpr, TO_EVERY_RANK: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """fused_sequential: every tile of my partial product goes into ``slots[rank]`` of its owner
-    (of every rank with ``TO_EVERY_RANK``)."""
+    (of every rank with ``TO_EVERY_RANK``), or into my C where I own it."""
     team = Team(rank, world_size, heap_bases)
     rows = shape[0]
     gemm = _partial_product(a, b, shape, strides, world_size, TILE, USE_TMA, TO_EVERY_RANK)
     call, _ = enter_call(sync_ptr, slots, team, WORLD_BLOCK)
     team = wait_peers_ready(call, team)
-    _push(tl.program_id(0), tl.num_programs(0), gemm, slots, rows,
+    _push(tl.program_id(0), tl.num_programs(0), gemm, slots, c, rows,
           None, call.epoch, trace_ptr, team, TO_EVERY_RANK)  # no flags: reduce_slots_kernel runs after
     finish_call(call, team)
 
 
 @triton.jit
-def reduce_slots_kernel(slots, c, m, N, world_size, BLOCK: tl.constexpr):
-    """``C = sum of my W slots`` (``m x N``, contiguous), after :func:`push_kernel`."""
+def reduce_slots_kernel(slots, c, m, N, rank, world_size, BLOCK: tl.constexpr):
+    """``C += the peers' slots`` (``m x N``, contiguous; C holds my own partial), after :func:`push_kernel`."""
     for start in tl.range(tl.program_id(0) * BLOCK, m * N, tl.num_programs(0) * BLOCK):
         offs = start + tl.arange(0, BLOCK).to(tl.int64)
-        sum_slots(slots, c, offs, offs < m * N, m, N, world_size)
+        sum_slots(slots, c, offs, offs < m * N, m, N, rank, world_size)
 
 
 @triton.jit
@@ -160,8 +171,9 @@ def reduce_flagged_tiles(first, step,
                          call, trace_ptr, team,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """Tiles ``first, first + step, ...`` of C: acquire the tile's flag from every rank (rank s
-    flags ``FLAGS[s * T + tile]`` of my sync block, T tiles), then sum the W slots into C while later tiles are
-    still being computed (a reducer program of a ``workgroup_specialized`` kernel)."""
+    flags ``FLAGS[s * T + tile]`` of my sync block, T tiles; mine once my own partial is in C), then
+    add the peers' slots into C while later tiles are still being computed (a reducer program of a
+    ``workgroup_specialized`` kernel)."""
     TRACE: tl.constexpr = trace_ptr is not None
     rank = team.rank
     flags = flag_words(call, team)
@@ -176,7 +188,7 @@ def reduce_flagged_tiles(first, step,
         t0 = trace.now_if(TRACE)
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         offs, mask = tile_offsets(pid_m, pid_n, rows, N, N, 1, BLOCK_M, BLOCK_N)
-        sum_slots(slots, c, offs, mask, rows, N, team.world_size)
+        sum_slots(slots, c, offs, mask, rows, N, rank, team.world_size)
         trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
 
 
@@ -201,7 +213,7 @@ def push_reduce_kernel(
     flags = flag_words(call, team)
     if arrival < gemm_programs:
         peers = wait_peers_ready(call, team)
-        _push(arrival, gemm_programs, gemm, slots, rows, flags, call.epoch, trace_ptr, peers, TO_EVERY_RANK)
+        _push(arrival, gemm_programs, gemm, slots, c, rows, flags, call.epoch, trace_ptr, peers, TO_EVERY_RANK)
     else:
         reduce_flagged_tiles(arrival - gemm_programs, tl.num_programs(0) - gemm_programs,
                              slots, c, rows, gemm.N,
