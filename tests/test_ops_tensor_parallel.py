@@ -138,7 +138,8 @@ def _trace_body(ctx, op, pattern):
     # 16 x 32 per shard in 16 x 16 tiles: 2 tiles a shard, 2 shards at 2 ranks.
     ("all_gather_gemm", "bulk_synchronous", {"compute": 4, "comm": 1, "wait": 0}),  # the all-gather: one span
     ("all_gather_gemm", "fused_sequential", {"compute": 4, "comm": 0, "wait": 0}),
-    ("all_gather_gemm", "workgroup_specialized", {"compute": 4, "comm": 2, "wait": 4}),  # 2 row blocks gathered
+    # The peer's row block gathered, its 2 tiles waited for; my own rows read in place.
+    ("all_gather_gemm", "workgroup_specialized", {"compute": 4, "comm": 1, "wait": 2}),
     ("gemm_reduce_scatter", "bulk_synchronous", {"compute": 4, "comm": 1, "wait": 0}),  # the whole 32 x 32
     ("gemm_reduce_scatter", "fused_sequential", {"compute": 4, "comm": 4, "wait": 0}),
     ("gemm_reduce_scatter", "workgroup_specialized", {"compute": 6, "comm": 4, "wait": 2}),  # + 2 reduced tiles

@@ -98,14 +98,17 @@ def _fused_sequential(call: FusedCall) -> None:
 
 
 def _workgroup_specialized(call: FusedCall) -> None:
-    """One kernel: gather programs copy A's row blocks and flag them, the others multiply."""
+    """One kernel: gather programs copy the peers' row blocks of A and flag them, the others multiply
+    (my own rows read in place)."""
     ctx, cfg = call.ctx, call.cfg
     a_local = _staged_a_local(call)
     blocks = _row_blocks(call, a_local)  # a flag each
     tiles = blocks * triton.cdiv(call.B.shape[1], cfg.BLOCK_N)
     sync = call.sync(flags=blocks)
-    # The GEMM programs wait for the gather programs of the same launch.
-    gemm_programs, comm = split_roles(call, comm_work=blocks, other_work=tiles)
+    # The GEMM programs wait for the gather programs of the same launch; alone, nothing is gathered.
+    peer_blocks = blocks * (ctx.world_size - 1) // ctx.world_size
+    gemm_programs, comm = split_roles(call, comm_work=max(peer_blocks, 1), other_work=tiles)
+    comm = comm if peer_blocks else 0
     a_full = _full_a(call)
     call.own(a_full)
     call.launch_gemm(kernels.gather_gemm_kernel, (comm + gemm_programs,), (

@@ -9,10 +9,11 @@ rank walks the shards starting with its own, whose rows need no communication.
   source rank's heap in the K loop (remote loads); nothing is copied. A remote row block is read
   once per tile column, so the traffic is ``N / BLOCK_N`` times A's size.
 * :func:`gather_gemm_kernel` (``workgroup_specialized``): the first programs to start (by arrival
-  ticket, not program id) copy A's row blocks from their owners into a local ``a_full`` (each
-  once) and release one flag per block; the later ones run the GEMM on ``a_full``, acquiring a
-  block's flag before its first tile. A GEMM program thus waits only on gather programs that
-  started before it, however few programs of the launch are resident at a time.
+  ticket, not program id) copy the peers' row blocks of A into a local ``a_full`` (each once) and
+  release one flag per block; the later ones run the GEMM, on their own rows straight from
+  ``A_local`` (no copy, no wait) and on a peer's block from ``a_full`` once its flag is acquired. A
+  GEMM program thus waits only on gather programs that started before it, however few programs of
+  the launch are resident at a time; at one rank there is nothing to gather (no gather programs).
 
 Both use the call handshake of :mod:`trident.ops.fused.sync` (one sync block, ``sync_ptr``):
 peers' ``A_local`` is read only after they entered the call, and the kernel ends only after every
@@ -92,9 +93,11 @@ def gather_gemm_kernel(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         WORLD_BLOCK: tl.constexpr):
     """workgroup_specialized, two roles by arrival: the first ``gather_programs`` programs to start
-    gather A's row blocks into ``a_full`` (``W*m x K``, row stride K) and release ``FLAGS[block]``;
-    the later ones acquire each block's flag and multiply, so they wait only on gather programs
-    already running (or done), whichever programs the GPU runs first."""
+    gather the peers' row blocks of A into ``a_full`` (``W*m x K``, row stride K; my own rows are not
+    copied) and release ``FLAGS[block]``; the later ones multiply, my own rows straight from
+    ``a_local`` (first, with no wait) and each peer block once its flag is acquired, so they wait
+    only on gather programs already running (or done), whichever programs the GPU runs first. At
+    one rank there is nothing to gather and the launch has no gather programs."""
     TRACE: tl.constexpr = trace_ptr is not None
     team = Team(rank, world_size, heap_bases)
     m, N, K = shape[0], shape[1], shape[2]
@@ -103,9 +106,9 @@ def gather_gemm_kernel(
     blocks = tl.cdiv(m, BLOCK_M)  # row blocks per source rank
     if arrival < gather_programs:
         peers = wait_peers_ready(call, team)
-        for i in tl.range(arrival, world_size * blocks, gather_programs):
+        for i in tl.range(arrival, (world_size - 1) * blocks, gather_programs):
             t0 = trace.now_if(TRACE)
-            src = (rank + i // blocks) % world_size  # my own rows first, in the GEMM's order
+            src = (rank + 1 + i // blocks) % world_size  # the peers' rows, in the GEMM's order
             block = src * blocks + i % blocks
             shard = a_full + tl.cast(src, tl.int64) * m * K
             copy_rows(a_local, shard, (i % blocks) * BLOCK_M, m, K, strides[0], K, rank, src, peers.heap_bases,
@@ -117,14 +120,18 @@ def gather_gemm_kernel(
         for tile in tl.range(arrival - gather_programs, tiles, tl.num_programs(0) - gather_programs):
             src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
             t0 = trace.now_if(TRACE)
-            wait(flags + src * blocks + pid_m, call.epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
-            trace.record(trace_ptr, trace.WAIT, tile, src, t0, rank, TRACE)
-            t0 = trace.now_if(TRACE)
-            # a_full was written by this kernel with ordinary stores: read it with ordinary loads
-            # too (a TMA read would need a generic-to-async proxy fence first).
-            shard = a_full + tl.cast(src, tl.int64) * m * K
-            gemm = Gemm(shard, b, shape, (K, 1, strides[2], strides[3]), BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
-            acc = tile_dot(gemm, pid_m, pid_n)
+            if src == rank:  # my own rows: where they are
+                acc = tile_dot(Gemm(a_local, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False),
+                               pid_m, pid_n)
+            else:
+                wait(flags + src * blocks + pid_m, call.epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
+                trace.record(trace_ptr, trace.WAIT, tile, src, t0, rank, TRACE)
+                t0 = trace.now_if(TRACE)
+                # a_full was written by this kernel with ordinary stores: read it with ordinary loads
+                # too (a TMA read would need a generic-to-async proxy fence first).
+                shard = a_full + tl.cast(src, tl.int64) * m * K
+                acc = tile_dot(Gemm(shard, b, shape, (K, 1, strides[2], strides[3]), BLOCK_M, BLOCK_N, BLOCK_K,
+                                    GROUP_M, False), pid_m, pid_n)
             _store_rows(c, shape, strides, src, acc, pid_m, pid_n, BLOCK_M, BLOCK_N)
             trace.record(trace_ptr, trace.COMPUTE, tile, src, t0, rank, TRACE)
     finish_call(call, team)
