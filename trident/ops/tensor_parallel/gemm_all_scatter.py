@@ -116,10 +116,12 @@ def _fused_sequential(call: FusedCall) -> None:
 
 
 def _workgroup_specialized(call: FusedCall) -> None:
-    """One kernel: GEMM programs release tile flags, communication programs acquire and scatter."""
+    """One kernel: GEMM programs release tile flags, communication programs acquire and scatter
+    (none at one rank: there is nobody to scatter to)."""
     s, ctx = _Block(call), call.ctx
     args, use_tma = s.gemm_args(call)
     gemm_programs, comm = split_roles(call, comm_work=s.tiles, other_work=s.tiles)
+    comm = comm if ctx.world_size > 1 else 0
     call.launch_gemm(kernels.workgroup_specialized_kernel, (gemm_programs + comm,), (
         *args,
         gemm_programs,
