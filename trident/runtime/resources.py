@@ -145,9 +145,9 @@ class GrowingBuffer:
     may replay on it at any time, so when an eager call later makes it grow, the old memory is
     *kept* (in :attr:`kept`, never freed while the team lives; ``ctx.memory_stats()["kept_for_graphs_bytes"]``)
     instead of being freed, and a replay never writes into memory a later allocation owns.
-    With ``zeroed`` the new memory is zeroed and a barrier (``ctx.barrier()``) makes sure every rank
-    has zeroed its copy before any peer writes into it (flags that peers signal into), and that the
-    ranks' allocations agree, so the copies lie at the same offset (else :class:`DivergenceError`).
+    With ``zeroed`` the new memory is zeroed. A barrier (``ctx.barrier()``) after every growth makes
+    sure every rank has its new copy (zeroed) before any peer writes into it, and that the ranks'
+    allocations agree, so the copies lie at the same offset (else :class:`DivergenceError`).
 
     Example::
 
@@ -191,12 +191,11 @@ class GrowingBuffer:
                     self.ctx.free(old)
             size = 1 << (nbytes - 1).bit_length()
             fresh = self._allocate(size)
-            if self.zeroed:
-                # Every rank zeroed its copy before any peer writes into it, and (the allocation
-                # digests compared) every rank's copy lies at the same offset: peers signal into it
-                # at their own offset, so a sync block made after ranks' allocations diverged would
-                # misdirect every handshake. Growing never happens inside capture (refused above).
-                self.ctx.barrier()
+            # Every rank zeroed its copy before any peer writes into it, and (the allocation digests
+            # compared) every rank's copy lies at the same offset: peers reach it at their own offset,
+            # so a buffer made after ranks' allocations diverged would misdirect every write into it.
+            # Growing is rare, and never happens inside capture (refused above).
+            self.ctx.barrier()
             self.tensor = fresh
         elif _capturing(self.ctx):
             self.captured = True

@@ -10,7 +10,8 @@ Dispatch (``moe_dispatch_kernel``), roles by arrival ticket:
 
 * ticket 0, the *planner*, waits on nothing of its own launch: it counts this rank's routing per
   expert (a histogram), puts the counts into row ``rank`` of every rank's count matrix (``[W, E]``,
-  on the heap) and raises its flag there, waits for every rank's row, then lays out every rank's
+  on the heap) and raises its flag there, waits for every rank's row (which doubles as the call's
+  entry handshake: a peer's row follows its READY), then lays out every rank's
   receive buffer from the whole matrix: expert by expert, and inside an expert source rank by
   source rank. It writes this rank's ``recv_offsets``/``recv_counts``, the status words, and a
   *cursor* per expert: where this rank's rows for that expert start at its owner. Then it raises
@@ -188,12 +189,16 @@ def moe_dispatch_kernel(
     team = Team(rank, world_size, heap_bases)
     call, me = enter_call(sync_ptr, recv_x_ptr, team, WORLD_BLOCK)
     flags = flag_words(call, team)  # [0, W): the count rows' flags; W: the layout (local)
-    team = wait_peers_ready(call, team)
+    # The count exchange is the entry handshake: a peer's count row comes after its READY (the same
+    # program releases both), and only the planner touches the count matrix, which every peer has
+    # done reading when its last call ended (finish_call). So the planner starts at once, and the
+    # READY every program then acquires is already there: no round trip of its own.
     if me == 0:
         _plan(topk_ptr, counts_ptr, local_ptr, status_ptr, sizes, call, team, E_BLOCK, CHUNK, REPORT)
         signal(flags + world_size, call.epoch, rank, rank, heap_bases, scope="gpu")
     else:
         wait(flags + world_size, call.epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
+    team = wait_peers_ready(call, team)  # and the receive buffers lie where this rank's do (symmetry check)
     # Rows no peer fills this call say so: recv_src = -1.
     unused = tl.minimum(tl.load(status_ptr + _RECEIVED), capacity)
     for start in range(unused + me * _FILL, capacity, tl.num_programs(0) * _FILL):
