@@ -60,6 +60,9 @@ def _every_op(ctx):
     y = mine.clone()
     ops.all_reduce_(y, "sum", g)  # in place
     check("all_reduce_", y, sum(every))
+    z = ctx.empty(*mine.shape).copy_(mine)  # on the heap: used in place
+    ops.broadcast_(z, w - 1, g)
+    check("broadcast_", z, every[w - 1])
     A = [_data(p, 8, 16, salt=2) for p in range(w)]
     B = [_data(p, 16, 12, salt=3) for p in range(w)]
     full = sum(a @ b for a, b in zip(A, B, strict=True))
@@ -130,6 +133,7 @@ def _compile_calls(ctx, g):
     return {
         "all_reduce": (x, "sum", g), "all_reduce_": (ctx.empty(6, 8).copy_(x), "sum", g), "all_gather": (x, g),
         "reduce_scatter": (tall, "sum", g), "all_to_all": (tall, g), "broadcast": (x, 0, g),
+        "broadcast_": (ctx.empty(6, 8).copy_(x), w - 1, g),
         "all_to_all_v": (rows, [(p + ctx.rank) % 3 for p in range(w)], sends, g),
         "gemm_all_reduce": (A, B, g), "gemm_reduce_scatter": (A, B, g), "all_gather_gemm": (A, B, g),
         "gemm_all_scatter": (A, B, g), "all_reduce_rmsnorm": (x, torch.ones(8, device=dev), 1e-6, x, g),

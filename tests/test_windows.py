@@ -16,14 +16,19 @@ from trident.errors import ContextClosedError, DivergenceError
 
 
 @triton.jit
-def pull_and_push_kernel(x_ptr, out_ptr, n, rank, world_size, bases, BLOCK: tl.constexpr):
-    """out = the left neighbour's x; then x of the right neighbour += 1000 (a remote store)."""
+def pull_kernel(x_ptr, out_ptr, n, rank, world_size, bases, BLOCK: tl.constexpr):
+    """out = the left neighbour's x (remote loads)."""
     offs = tl.arange(0, BLOCK)
     mask = offs < n
     left = (rank + world_size - 1) % world_size
-    right = (rank + 1) % world_size
     tl.store(out_ptr + offs, trident.load(x_ptr + offs, rank, left, bases, mask=mask), mask=mask)
-    trident.atomic_add(x_ptr + offs, 1000.0, rank, right, bases, mask=mask)
+
+
+@triton.jit
+def push_kernel(x_ptr, n, rank, world_size, bases, BLOCK: tl.constexpr):
+    """x of the right neighbour += 1000 (remote atomics)."""
+    offs = tl.arange(0, BLOCK)
+    trident.atomic_add(x_ptr + offs, 1000.0, rank, (rank + 1) % world_size, bases, mask=offs < n)
 
 
 def _values(rank, n=100):
@@ -37,7 +42,9 @@ def _reach_peers(ctx):
     assert torch.equal(x.cpu(), _values(ctx.rank)), "registering keeps the values"
     out = torch.zeros(100, device=ctx.device)
     ctx.barrier()
-    pull_and_push_kernel[(1,)](x, out, 100, ctx.rank, ctx.world_size, win.bases, BLOCK=128)
+    pull_kernel[(1,)](x, out, 100, ctx.rank, ctx.world_size, win.bases, BLOCK=128)
+    ctx.barrier()  # every rank has read before any rank adds
+    push_kernel[(1,)](x, 100, ctx.rank, ctx.world_size, win.bases, BLOCK=128)
     ctx.barrier()
     left = (ctx.rank - 1) % ctx.world_size
     pulled = torch.equal(out.cpu(), _values(left))

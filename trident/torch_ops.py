@@ -1,7 +1,8 @@
 """trident's collectives and fused ops as ``torch.library`` custom ops: ``torch.ops.trident.*``.
 
-Each op is functional (it returns a new tensor and changes none of its inputs; ``all_reduce_`` is
-the one in-place variant, for a tensor already on the heap), names its group
+Each op is functional (it returns a new tensor and changes none of its inputs; ``all_reduce_`` and
+``broadcast_`` are the in-place variants torch's functional collectives also have, for a tensor
+already on the heap, which they use with no copy), names its group
 by a string (``ctx.group_name``, the same on every rank) and has a fake implementation, so
 ``torch.compile(fullgraph=True)`` traces through it without a graph break, as through
 ``torch.distributed._functional_collectives``. Every rank must call the same ops in the same
@@ -23,7 +24,8 @@ The ops (every ``group`` is a group name):
 * ``all_reduce(t, op, group)`` (the reduced copy, no staging copy of t), ``all_reduce_(t, op, group)``
   (in place: returns nothing, t holds the sum), ``all_gather(t, group)`` (dim 0), ``reduce_scatter(t, op, group)``
   (dim 0), ``all_to_all(t, group)`` (equal chunks of dim 0), ``all_to_all_v(t, out_splits,
-  in_splits, group)`` (row counts per rank), ``broadcast(t, src, group)``;
+  in_splits, group)`` (row counts per rank), ``broadcast(t, src, group)``, ``broadcast_(t, src, group)``
+  (in place);
 * ``gemm_all_reduce(A, B, group)``, ``gemm_reduce_scatter(A, B, group)``,
   ``all_gather_gemm(A_local, B, group)``, ``gemm_all_scatter(A, B_local, group)`` (``pattern="auto"``);
 * ``all_reduce_rmsnorm(x, weight, eps, residual, group)`` returns ``(out, h)``;
@@ -54,6 +56,7 @@ SCHEMAS = {
     "reduce_scatter": "reduce_scatter(Tensor t, str op, str group) -> Tensor",
     "all_to_all": "all_to_all(Tensor t, str group) -> Tensor",
     "broadcast": "broadcast(Tensor t, int src, str group) -> Tensor",
+    "broadcast_": "broadcast_(Tensor(a!) t, int src, str group) -> ()",
     "all_to_all_v": "all_to_all_v(Tensor t, int[] out_splits, int[] in_splits, str group) -> Tensor",
     "gemm_all_reduce": "gemm_all_reduce(Tensor A, Tensor B, str group) -> Tensor",
     "gemm_reduce_scatter": "gemm_reduce_scatter(Tensor A, Tensor B, str group) -> Tensor",
@@ -189,6 +192,17 @@ def broadcast(t: torch.Tensor, src: int, group: str) -> torch.Tensor:
 @_fake("broadcast")
 def _(t, src, group):
     return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+def broadcast_(t: torch.Tensor, src: int, group: str) -> None:
+    """Rank ``src``'s ``t`` into every rank's ``t``, in place (``t`` contiguous; on the heap it is not staged)."""
+    ctx, g = resolve(group)
+    ccl.broadcast(ctx, t, src, group=g)
+
+
+@_fake("broadcast_")
+def _(t, src, group):
+    return None
 
 
 def all_to_all_v(t: torch.Tensor, out_splits: list[int], in_splits: list[int], group: str) -> torch.Tensor:

@@ -15,11 +15,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import config, layout
+from .. import config
 from .memory import control_block, heap_mask, peer_offset
+from .words import SCRATCH
 
 _DEBUG = tl.constexpr(config.DEBUG)
-_SCRATCH = tl.constexpr(layout.SCRATCH)
 
 
 @triton.jit
@@ -161,7 +161,7 @@ def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = tl.con
     if _DEBUG:
         # tl.atomic_cas takes no mask: send lanes outside the heap to a scratch word instead.
         inside = heap_mask(ptr, rank, peer, heap_bases, None)
-        scratch = (control_block(rank, heap_bases) + _SCRATCH).to(remote.dtype, bitcast=True)
+        scratch = (control_block(rank, heap_bases) + SCRATCH).to(remote.dtype, bitcast=True)
         remote = tl.where(inside, remote, scratch)
     # Unlike the other atomics, tl.atomic_cas does not convert its operands: match the pointer's type.
     elem = ptr.dtype.element_ty

@@ -21,25 +21,27 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import config, layout
+from .. import config
 from .leaves import on_access_fault
+from .words import (
+    BASE_ALIGN,
+    ERR_BAD_PEER,
+    ERR_OUT_OF_HEAP,
+    ERR_UNREACHABLE,
+    ERROR_COUNT,
+    ERROR_EXPECTED,
+    ERROR_KIND,
+    ERROR_OBSERVED,
+    ERROR_OFFSET,
+    ERROR_PEER,
+    ERROR_RANK,
+    HEAP_SIZE,
+    WINDOW_COUNT,
+    WINDOW_RANGES,
+    WORLD_SIZE,
+)
 
 _DEBUG = tl.constexpr(config.DEBUG)
-_BASE_ALIGN = tl.constexpr(layout.BASE_ALIGN)
-_HEAP_SIZE = tl.constexpr(layout.HEAP_SIZE)
-_ERR_OUT_OF_HEAP = tl.constexpr(layout.ERR_OUT_OF_HEAP)
-_ERR_BAD_PEER = tl.constexpr(layout.ERR_BAD_PEER)
-_ERR_UNREACHABLE = tl.constexpr(layout.ERR_UNREACHABLE)
-_WORLD_SIZE = tl.constexpr(layout.WORLD_SIZE)
-_WINDOW_COUNT = tl.constexpr(layout.WINDOW_COUNT)
-_WINDOW_RANGES = tl.constexpr(layout.WINDOW_RANGES)
-_ERROR_COUNT = tl.constexpr(layout.ERROR_COUNT)
-_ERROR_KIND = tl.constexpr(layout.ERROR_KIND)
-_ERROR_RANK = tl.constexpr(layout.ERROR_RANK)
-_ERROR_PEER = tl.constexpr(layout.ERROR_PEER)
-_ERROR_OFFSET = tl.constexpr(layout.ERROR_OFFSET)
-_ERROR_EXPECTED = tl.constexpr(layout.ERROR_EXPECTED)
-_ERROR_OBSERVED = tl.constexpr(layout.ERROR_OBSERVED)
 
 
 @triton.jit
@@ -80,14 +82,14 @@ def peer_offset(ptr, rank, peer, heap_bases):
     distance = (tl.load(heap_bases + peer) - tl.load(heap_bases + rank)) // ELEM_BYTES
     IS_SCALAR: tl.constexpr = len(distance.shape) == 0
     if IS_SCALAR:
-        distance = tl.multiple_of(distance, _BASE_ALIGN // ELEM_BYTES)
+        distance = tl.multiple_of(distance, BASE_ALIGN // ELEM_BYTES)
     return distance
 
 
 @triton.jit
 def _peer_exists(peer, rank, heap_bases):
     """Debug mode: whether ``peer`` is a rank of this job (0 <= peer < world size)."""
-    world_size = tl.load(control_block(rank, heap_bases) + _WORLD_SIZE)
+    world_size = tl.load(control_block(rank, heap_bases) + WORLD_SIZE)
     return (peer >= 0) & (peer < world_size)
 
 
@@ -98,16 +100,16 @@ def _check_in_heap(ptr, rank, peer, heap_bases, mask):
     ELEM_BYTES: tl.constexpr = (ptr.dtype.element_ty.primitive_bitwidth + 7) // 8
     base = tl.load(heap_bases + rank)
     ctrl = base.to(tl.pointer_type(tl.int64))
-    heap_size = tl.load(ctrl + _HEAP_SIZE)
-    world_size = tl.load(ctrl + _WORLD_SIZE)
+    heap_size = tl.load(ctrl + HEAP_SIZE)
+    world_size = tl.load(ctrl + WORLD_SIZE)
     exists = (peer >= 0) & (peer < world_size)
     # A peer in another node is not mapped here: its heap base is 0.
     far = exists & (tl.load(heap_bases + tl.where(exists, peer, rank)) == 0)
     offset = ptr.to(tl.int64) - base
     in_memory = (offset >= 0) & (offset <= heap_size - ELEM_BYTES)
-    for w in range(tl.load(ctrl + _WINDOW_COUNT)):  # tensors registered with ctx.register
-        start = tl.load(ctrl + _WINDOW_RANGES + 2 * w)
-        end = tl.load(ctrl + _WINDOW_RANGES + 2 * w + 1)
+    for w in range(tl.load(ctrl + WINDOW_COUNT)):  # tensors registered with ctx.register
+        start = tl.load(ctrl + WINDOW_RANGES + 2 * w)
+        end = tl.load(ctrl + WINDOW_RANGES + 2 * w + 1)
         in_memory = in_memory | ((offset >= start) & (offset <= end - ELEM_BYTES))
     inside = in_memory & exists & (far == 0)
     no_peer = exists == 0
@@ -132,7 +134,7 @@ def _check_in_heap(ptr, rank, peer, heap_bases, mask):
         bad_offset = offset
         bad_peer = peer
     if any_bad:
-        kind = tl.where(any_no_peer, _ERR_BAD_PEER, tl.where(any_far, _ERR_UNREACHABLE, _ERR_OUT_OF_HEAP))
+        kind = tl.where(any_no_peer, ERR_BAD_PEER, tl.where(any_far, ERR_UNREACHABLE, ERR_OUT_OF_HEAP))
         where = tl.where(any_no_peer, 0, bad_offset)
         limit = tl.where(any_no_peer, world_size, heap_size)  # what the peer or offset had to stay below
         on_access_fault(kind, rank, bad_peer, where, limit)
@@ -143,14 +145,14 @@ def _check_in_heap(ptr, rank, peer, heap_bases, mask):
 @triton.jit
 def record_fault(ctrl, kind, rank, peer, offset, expected, observed):
     """Write a fault into the control block; only the first fault since the host last looked is kept."""
-    first = tl.atomic_add(ctrl + _ERROR_COUNT, 1, sem="relaxed", scope="gpu") == 0
+    first = tl.atomic_add(ctrl + ERROR_COUNT, 1, sem="relaxed", scope="gpu") == 0
     if first:
-        tl.store(ctrl + _ERROR_KIND, kind)
-        tl.store(ctrl + _ERROR_RANK, rank)
-        tl.store(ctrl + _ERROR_PEER, peer)
-        tl.store(ctrl + _ERROR_OFFSET, offset)
-        tl.store(ctrl + _ERROR_EXPECTED, expected)
-        tl.store(ctrl + _ERROR_OBSERVED, observed)
+        tl.store(ctrl + ERROR_KIND, kind)
+        tl.store(ctrl + ERROR_RANK, rank)
+        tl.store(ctrl + ERROR_PEER, peer)
+        tl.store(ctrl + ERROR_OFFSET, offset)
+        tl.store(ctrl + ERROR_EXPECTED, expected)
+        tl.store(ctrl + ERROR_OBSERVED, observed)
 
 
 @triton.jit

@@ -18,24 +18,25 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import layout
 from .atomics import atomic_add, atomic_xchg
 from .leaves import SPIN_POLLS, backoff, now_ns, on_wait_timeout
 from .memory import control_block, record_fault, translate
+from .words import (
+    ABORT_ADDR,
+    ERR_ABORTED,
+    ERR_OFFSETS_DIFFER,
+    ERR_WAIT_TIMEOUT,
+    ERROR_COUNT,
+    ERROR_KIND,
+    WAIT_TIMEOUT_NS,
+)
 
-_WAIT_TIMEOUT_NS = tl.constexpr(layout.WAIT_TIMEOUT_NS)
-_ABORT_ADDR = tl.constexpr(layout.ABORT_ADDR)
 # Volatile polls between two full checks (ordered read, clock): fewer in the simulator.
 _SPIN_POLLS = SPIN_POLLS
 # The host's abort word is read only once a wait has lasted this long: on GPUs it lives in pinned
 # host memory, and a program reading host memory while it spins slows kernels on the other SMs by
 # orders of magnitude (docs/results/journal.md, 2026-12-03). Short waits never touch it.
 _ABORT_AFTER_NS = tl.constexpr(5_000_000)
-_ERR_WAIT_TIMEOUT = tl.constexpr(layout.ERR_WAIT_TIMEOUT)
-_ERR_ABORTED = tl.constexpr(layout.ERR_ABORTED)
-_ERR_OFFSETS_DIFFER = tl.constexpr(layout.ERR_OFFSETS_DIFFER)
-_ERROR_COUNT = tl.constexpr(layout.ERROR_COUNT)
-_ERROR_KIND = tl.constexpr(layout.ERROR_KIND)
 
 
 @triton.jit
@@ -162,8 +163,8 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
     done = _all(_meets(seen, value, cmp), mask)
     if done == 0:
         ctrl = control_block(rank, heap_bases)
-        timeout_ns = tl.load(ctrl + _WAIT_TIMEOUT_NS)
-        abort_word = tl.load(ctrl + _ABORT_ADDR).to(tl.pointer_type(tl.int64))
+        timeout_ns = tl.load(ctrl + WAIT_TIMEOUT_NS)
+        abort_word = tl.load(ctrl + ABORT_ADDR).to(tl.pointer_type(tl.int64))
         start = now_ns()
         # A wait of this rank already gave up and the host has not raised it yet: ranks are out of
         # step, and waiting the whole timeout again only delays the error (a collective's second
@@ -182,11 +183,11 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
             out_of_step = _out_of_step(ctrl)
             gave_up = (done == 0) & (aborted | (waited > timeout_ns) | (out_of_step != 0))
         # An asymmetric call is already recorded (and is the error the host raises): no second report.
-        if gave_up & (out_of_step != _ERR_OFFSETS_DIFFER):
+        if gave_up & (out_of_step != ERR_OFFSETS_DIFFER):
             offset = _lowest(flag_ptr.to(tl.int64) - tl.load(heap_bases + rank))
             last = _summary(seen, value, cmp, mask)
             on_wait_timeout(rank, peer, offset, value, last, timeout_ns, aborted, abort_word)
-            record_fault(ctrl, tl.where(aborted, _ERR_ABORTED, _ERR_WAIT_TIMEOUT), rank, peer, offset,
+            record_fault(ctrl, tl.where(aborted, ERR_ABORTED, ERR_WAIT_TIMEOUT), rank, peer, offset,
                          value, last)
     # The acquire was made by the thread(s) that read the flag; a CTA barrier extends it to every
     # thread of the program, so all of them see the signaller's data.
@@ -198,9 +199,9 @@ def wait(flag_ptr, value, rank, peer, heap_bases, cmp: tl.constexpr = tl.constex
 def _out_of_step(ctrl):
     """The kind of the fault this rank has recorded and the host not yet raised, if it means no peer
     will signal (a wait that gave up, an abort, an asymmetric fused call); else 0."""
-    kind = tl.load(ctrl + _ERROR_KIND, volatile=True)
-    pending = tl.load(ctrl + _ERROR_COUNT, volatile=True) != 0
-    stops = (kind == _ERR_WAIT_TIMEOUT) | (kind == _ERR_ABORTED) | (kind == _ERR_OFFSETS_DIFFER)
+    kind = tl.load(ctrl + ERROR_KIND, volatile=True)
+    pending = tl.load(ctrl + ERROR_COUNT, volatile=True) != 0
+    stops = (kind == ERR_WAIT_TIMEOUT) | (kind == ERR_ABORTED) | (kind == ERR_OFFSETS_DIFFER)
     return tl.where(pending & stops, kind, 0)
 
 

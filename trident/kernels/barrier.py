@@ -6,11 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import layout
 from ..device import control_block, sync_ranks
-
-_BARRIER_EPOCH = tl.constexpr(layout.BARRIER_EPOCH)
-_BARRIER_SLOTS = tl.constexpr(layout.BARRIER_SLOTS)
+from ..device.words import BARRIER_EPOCH, BARRIER_SLOTS
 
 
 @triton.jit
@@ -20,9 +17,9 @@ def device_barrier_kernel(
 ):
     """One program. Slot ``r`` of a rank's control block holds the last epoch rank ``r`` announced."""
     ctrl = control_block(rank, heap_bases)
-    epoch = tl.load(ctrl + _BARRIER_EPOCH) + 1  # on the device, so graph replays count on
-    tl.store(ctrl + _BARRIER_EPOCH, epoch)
-    sync_ranks(ctrl + _BARRIER_SLOTS, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    epoch = tl.load(ctrl + BARRIER_EPOCH) + 1  # on the device, so graph replays count on
+    tl.store(ctrl + BARRIER_EPOCH, epoch)
+    sync_ranks(ctrl + BARRIER_SLOTS, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
 
 
 def launch_device_barrier(heap_bases: torch.Tensor, rank: int, world_size: int) -> None:

@@ -75,10 +75,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import layout
 from ...device import arrival_ticket, signal, store, wait
 from ...device.bundles import CallSync, Team
 from ...device.memory import control_block, record_fault
+from ...device.words import ERR_OFFSETS_DIFFER, ERROR_COUNT
 from ...runtime.resources import GrowingBuffer
 from ...runtime.team import Team as TeamLike
 
@@ -94,8 +94,6 @@ _EPOCH = tl.constexpr(EPOCH_WORD)
 _TICKET = tl.constexpr(TICKET_WORD)
 _ARRIVAL = tl.constexpr(ARRIVAL_WORD)
 _READY = tl.constexpr(READY_WORD)
-_ERROR_COUNT = tl.constexpr(layout.ERROR_COUNT)
-_ERR_OFFSETS_DIFFER = tl.constexpr(layout.ERR_OFFSETS_DIFFER)
 
 
 def sync_words(world_size: int, flags: int = 0) -> int:
@@ -231,8 +229,8 @@ def wait_peers_ready(call, team):
         theirs = tl.load(offsets + peer)
         if theirs != call.offset:
             ctrl = control_block(team.rank, team.heap_bases)
-            if tl.load(ctrl + _ERROR_COUNT, volatile=True) == 0:  # the first program to see it reports
-                record_fault(ctrl, _ERR_OFFSETS_DIFFER, team.rank, peer, call.epoch, call.offset, theirs)
+            if tl.load(ctrl + ERROR_COUNT, volatile=True) == 0:  # the first program to see it reports
+                record_fault(ctrl, ERR_OFFSETS_DIFFER, team.rank, peer, call.epoch, call.offset, theirs)
             local = _local_bases(call, team)
             lanes = tl.arange(0, call.WORLD_BLOCK)
             tl.store(local + lanes, tl.load(team.heap_bases + team.rank) + lanes * 0,

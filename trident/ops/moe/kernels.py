@@ -41,10 +41,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ... import layout
 from ...device import signal, store, wait
 from ...device.bundles import Team
 from ...device.memory import control_block, record_fault
+from ...device.words import ERR_CAPACITY
 from ..fused.sync import enter_call, finish_call, flag_words, wait_peers_ready
 
 #: Status words (int64, local) a dispatch writes: the rows this rank receives (before clamping to
@@ -53,7 +53,6 @@ STATUS_RECEIVED, STATUS_NEEDED, STATUS_WORST = 0, 1, 2
 STATUS_WORDS = 4
 _RECEIVED, _NEEDED, _WORST = tl.constexpr(STATUS_RECEIVED), tl.constexpr(STATUS_NEEDED), tl.constexpr(STATUS_WORST)
 
-_ERR_CAPACITY = tl.constexpr(layout.ERR_CAPACITY)
 _FILL = tl.constexpr(1024)
 
 
@@ -116,7 +115,7 @@ def _plan(topk_ptr, counts_ptr, local_ptr, status_ptr, sizes, call, team,
     tl.store(status_ptr + _WORST, worst.to(tl.int64))
     if REPORT:  # no host check follows this call: the host raises the fault at ctx.check() / d.check()
         if needed > capacity:
-            record_fault(control_block(rank, heap_bases), _ERR_CAPACITY, rank, worst, 0, capacity, needed)
+            record_fault(control_block(rank, heap_bases), ERR_CAPACITY, rank, worst, 0, capacity, needed)
 
 
 @triton.jit
