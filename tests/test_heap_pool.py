@@ -120,3 +120,19 @@ def _graph_outputs(ctx):
 @pytest.mark.skipif(trident.config.BACKEND == "sim", reason="CUDA graphs and torch.cuda.MemPool: GPU only")
 def test_a_cuda_graphs_outputs_lie_on_the_heap(pool2):
     assert all(pool2.run(_graph_outputs))
+
+
+def _growth_after_diverging(ctx):
+    trident.ccl.all_reduce(ctx, ctx.ones(256))  # the collectives' workspace, in step
+    guard = ctx.full((1024,), 7.0)
+    if ctx.rank == 1:
+        ctx.zeros(1000)  # rank 1 makes one more heap tensor
+    big = torch.ones(1 << 16, device=ctx.device)  # plain: staged, in a buffer that must grow now
+    with pytest.raises(DivergenceError, match="out of step"):
+        trident.ccl.all_reduce(ctx, big)
+    untouched = torch.equal(guard.cpu(), torch.full((1024,), 7.0)) and torch.equal(big.cpu(), torch.ones(1 << 16))
+    return bool(untouched)
+
+
+def test_a_buffer_that_must_grow_after_ranks_diverged_is_refused_before_any_write(pool2):
+    assert all(pool2.run(_growth_after_diverging))
