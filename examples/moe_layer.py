@@ -7,8 +7,11 @@ the E experts (rank r owns experts r*E/W .. (r+1)*E/W - 1), each a SwiGLU MLP. O
     d        = moe_dispatch(ctx, x, idx, E, max_tokens_per_rank)   every (token, j) to expert idx[t, j]'s rank
     h        = grouped_gemm(d.recv_x, W_gate_up[e])                Triton, one expert's rows at a time
     act      = silu(gate) * up                                     plain torch, on every received row
-    y        = grouped_gemm(act, W_down[e])                        Triton
+    y        = grouped_gemm(act, W_down[e])                        Triton, its output on the heap
     out      = moe_combine(ctx, y, w, d)                           back home: sum over j of w[t, j] * y[(t, j)]
+
+``y`` is made inside ``ctx.heap_allocations()``, so it lies on the symmetric heap and
+``moe_combine`` reads each row where its expert wrote it, at its owner: one kernel, no staging.
 
 The grouped GEMM reads ``d.recv_offsets`` and ``d.recv_counts`` on the device (a program per
 local expert and column tile loops over that expert's rows), so nothing in the layer waits for
@@ -88,7 +91,9 @@ def moe_layer(ctx, x, w, max_tokens):
     d = trident.ops.moe_dispatch(ctx, x, idx, EXPERTS, max_tokens_per_rank=max_tokens)
     gate, up = grouped_gemm(d.recv_x, w["gate_up"], d).chunk(2, dim=-1)
     act = (F.silu(gate.float()) * up.float()).to(x.dtype).contiguous()
-    return trident.ops.moe_combine(ctx, grouped_gemm(act, w["down"], d), weight, d)
+    with ctx.heap_allocations():  # the expert outputs on the heap: the combine reads them where they lie
+        y = grouped_gemm(act, w["down"], d)
+    return trident.ops.moe_combine(ctx, y, weight, d)
 
 
 def reference_layer(x, full, router):

@@ -19,7 +19,7 @@ import torch
 from tests.conftest import get_pool
 from tests.helpers import assert_no_problems
 from trident import ccl
-from trident.errors import CapacityError
+from trident.errors import CapacityError, DivergenceError
 from trident.ops.moe.combine import moe_combine
 from trident.ops.moe.dispatch import moe_dispatch
 from trident.ops.moe.sizing import prefill_capacity
@@ -120,7 +120,8 @@ def _expert(x, scales, expert, dtype):
     return (_dequant(x, scales) * (expert + 1)).to(dtype)
 
 
-def _check_combine(ctx, case: Case, d, weights, what: str, out_dtype=torch.bfloat16) -> list[str]:
+def _check_combine(ctx, case: Case, d, weights, what: str, out_dtype=torch.bfloat16, on_heap=False) -> list[str]:
+    """The combine of ``d`` against the reference; ``on_heap``: expert_out on the heap (the pull path)."""
     W, r, E_l = ctx.world_size, ctx.rank, case.per_rank
     rx = d.recv_x.cpu()
     scales = None if d.recv_scales is None else d.recv_scales.cpu()
@@ -129,7 +130,10 @@ def _check_combine(ctx, case: Case, d, weights, what: str, out_dtype=torch.bfloa
     for e in range(E_l):
         rows = slice(offsets[e], offsets[e] + counts[e])
         expert_out[rows] = _expert(rx[rows], None if scales is None else scales[rows], r * E_l + e, out_dtype)
-    out = moe_combine(ctx, expert_out.to(ctx.device), weights.to(ctx.device), d).cpu()
+    expert_out = ctx.as_symmetric(expert_out.to(ctx.device)) if on_heap else expert_out.to(ctx.device)
+    out = moe_combine(ctx, expert_out, weights.to(ctx.device), d).cpu()
+    if on_heap:
+        ctx.free(expert_out)
     x, idx, x_scales, _ = _inputs(case, r, W)
     want = torch.zeros(x.shape[0], case.hidden)
     for t, j in (idx >= 0).nonzero().tolist():
@@ -149,7 +153,9 @@ def _run(ctx, case: Case, what: str, out_dtype=torch.bfloat16) -> list[str]:
     # A wrong dispatch may leave rows undelivered, which a combine would wait for: then no rank combines.
     if any(ctx.all_gather_object("moe test: dispatch problems", bool(problems))):
         return problems or ["another rank's dispatch went wrong"]
-    return _check_combine(ctx, case, d, weights, what, out_dtype)
+    problems = _check_combine(ctx, case, d, weights, what, out_dtype)  # expert_out plain: pushed home
+    return problems + _check_combine(ctx, case, d, weights, what + " (expert_out on the heap)", out_dtype,
+                                     on_heap=True)  # read in place at its owners
 
 
 CASES = [
@@ -326,12 +332,29 @@ def test_bad_input_is_refused():
     assert_no_problems(get_pool(2), _refusals_body)
 
 
+def _mixed_placement_body(ctx):
+    case = CASES[0]
+    d, weights = _call(ctx, case)
+    expert_out = torch.zeros(d.capacity, case.hidden, dtype=torch.bfloat16, device=ctx.device)
+    moe_combine(ctx, expert_out, weights.to(ctx.device), d)  # the combine's buffers exist, in step
+    mixed = ctx.as_symmetric(expert_out) if ctx.rank == 0 else expert_out  # the heap on rank 0 only
+    moe_combine(ctx, mixed, weights.to(ctx.device), d)
+    with pytest.raises(DivergenceError, match="lies at heap offset"):
+        ctx.check()
+    problems = _check_combine(ctx, case, d, weights, "after a refused combine")  # the context is still in step
+    return problems
+
+
+def test_expert_out_on_the_heap_on_some_ranks_only_fails_clearly():
+    assert_no_problems(get_pool(2), _mixed_placement_body)
+
+
 # -- sm_90 ------------------------------------------------------------------------------------------------
 
 COMPILE_CHILD = r'''
 import json
 from tests.sm90_harness import outcome, with_ones
-from trident.ops.moe.kernels import moe_dispatch_kernel, moe_push_kernel, moe_reduce_kernel
+from trident.ops.moe.kernels import moe_dispatch_kernel, moe_pull_kernel, moe_push_kernel, moe_reduce_kernel
 
 TEAM = {"sync_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64"}
 DISPATCH = {**TEAM, "x_ptr": "*i32", "topk_ptr": "*i64", "recv_x_ptr": "*i32", "recv_src_ptr": "*i64",
@@ -343,6 +366,7 @@ PUSH_SIZES = ("hidden", "k", "max_tokens", "capacity")
 REDUCE = {"rank": "i32", "expert_ptr": "*bf16", "staging_ptr": "*bf16", "out_ptr": "*bf16", "weights_ptr": "*fp32",
           "sent_ptr": "*i32"}
 REDUCE_SIZES = ("tokens", "hidden", "k", "capacity")
+PULL = {**TEAM, "expert_ptr": "*bf16", "out_ptr": "*bf16", "weights_ptr": "*fp32", "sent_ptr": "*i32"}
 ONES = ("rank", "world_size", "tokens", "k", "experts_local", "max_tokens")  # Triton's 1-specialisation
 
 
@@ -375,6 +399,7 @@ for ones in (False, True):
               DISPATCH_SIZES, meta, ones, "atom")
     build("combine push", moe_push_kernel, PUSH, PUSH_SIZES, {"ROWS": 4, "BLOCK_H": 1024, "WORLD_BLOCK": 8}, ones)
     build("combine reduce", moe_reduce_kernel, REDUCE, REDUCE_SIZES, {"K_BLOCK": 8, "BLOCK_H": 1024}, ones)
+    build("combine pull", moe_pull_kernel, PULL, REDUCE_SIZES, {"K_BLOCK": 8, "BLOCK_H": 1024, "WORLD_BLOCK": 8}, ones)
 print(json.dumps(results))
 '''
 
@@ -382,4 +407,4 @@ print(json.dumps(results))
 def test_kernels_compile_for_sm90(tmp_path):
     from tests.sm90_harness import assert_compiled
 
-    assert_compiled(COMPILE_CHILD, tmp_path, 8)
+    assert_compiled(COMPILE_CHILD, tmp_path, 10)

@@ -2,8 +2,10 @@
 
 Two steps (:mod:`trident.ops.moe.kernels`; docs/moe.md, "The combine kernels"): rows of other ranks'
 tokens are pushed home, then each rank sums its tokens' k rows locally, reading a row of its own
-experts where the expert wrote it. The result of :func:`~trident.ops.moe.dispatch.moe_dispatch`
-says where every row is.
+experts where the expert wrote it. When ``expert_out`` is on the heap (``ctx.heap_allocations()``,
+``ctx.empty``: the same offset on every rank), one step instead: each rank reads its tokens' rows
+at their owners and sums them, with no staging. The result of
+:func:`~trident.ops.moe.dispatch.moe_dispatch` says where every row is.
 
 Example::
 
@@ -24,7 +26,7 @@ from ..fused import multinode
 from ..fused.call import check_tensor
 from ..fused.sync import sync_block
 from .dispatch import STATE_KEY, DispatchCount, MoEDispatch, fail
-from .kernels import moe_push_kernel, moe_reduce_kernel
+from .kernels import moe_pull_kernel, moe_push_kernel, moe_reduce_kernel
 
 #: Expert output dtypes ``moe_combine`` sums (in fp32) and returns.
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -36,7 +38,9 @@ def moe_combine(ctx, expert_out: torch.Tensor, topk_weights: torch.Tensor, d: Mo
 
     Args:
         expert_out: ``[capacity, H]`` (bf16, fp16 or fp32): row i is the expert's output for received
-            row i of ``d`` (unused rows are ignored). Any placement (read locally).
+            row i of ``d`` (unused rows are ignored). On the heap on every rank (then read in place by
+            its tokens' ranks: one kernel, no staging) or on none (pushed home, then summed); a heap
+            ``expert_out`` on some ranks only fails the call (DivergenceError at the next check).
         topk_weights: ``[T, k]`` (fp32, bf16 or fp16), this rank's routing weights.
         d: this rank's result of the latest :func:`moe_dispatch` on this context (or group).
         group: the group ``d`` was made in, or None for the whole world.
@@ -104,13 +108,21 @@ def _run_combine(team, rec, tensors, options) -> None:
         return
     block_h = min(triton.next_power_of_2(hidden), 1024)
     warps = 4 if block_h <= 512 else 8
+    world_block = triton.next_power_of_2(team.world_size)
+    if team.world_size > 1 and team.is_symmetric(expert_out):  # every row read where its expert wrote it
+        rec.launch(moe_pull_kernel, (max(1, min(tokens, team.platform.program_limit)),), (
+            expert_out, out, topk_weights, sent,
+            (tokens, hidden, k, capacity),
+            sync, team.rank, team.world_size, team.heap_bases),
+            dict(K_BLOCK=triton.next_power_of_2(k), BLOCK_H=block_h, WORLD_BLOCK=world_block), num_warps=warps)
+        return
     if team.world_size > 1:  # rows of other ranks' tokens go home first; at one rank every row is local
         rows = max(1, 4096 // block_h)
         rec.launch(moe_push_kernel, (max(1, team.platform.program_limit),), (
             expert_out, staging, recv_src, recv_j, status,
             (hidden, k, max_tokens, capacity),
             sync, team.rank, team.world_size, team.heap_bases),
-            dict(ROWS=rows, BLOCK_H=block_h, WORLD_BLOCK=triton.next_power_of_2(team.world_size)), num_warps=warps)
+            dict(ROWS=rows, BLOCK_H=block_h, WORLD_BLOCK=world_block), num_warps=warps)
     if tokens:
         programs = max(1, min(tokens, 4 * team.platform.program_limit))
         rec.launch(moe_reduce_kernel, (programs,), (

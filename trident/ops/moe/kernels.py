@@ -23,7 +23,8 @@ Dispatch (``moe_dispatch_kernel``), roles by arrival ticket:
   ``PAIRS`` rows, each row to its own owner. No flag per row: the call's exit handshake makes
   every peer's rows land before the kernel ends.
 
-Combine, two steps (one at one rank), no flag per row:
+Combine, no flag per row: with the expert rows on the heap, one step (``moe_pull_kernel``: each
+token's rows read at their owners and summed); otherwise two (one at one rank):
 
 * ``moe_push_kernel`` (between ranks): every received row whose token lives on another rank is
   stored, ``ROWS`` rows at a time, into row ``t * k + j`` of that rank's staging ``[M * k, H]``; the
@@ -41,7 +42,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...device import signal, store, wait
+from ...device import load, signal, store, wait
 from ...device.bundles import Team
 from ...device.memory import control_block, record_fault
 from ...device.words import ERR_CAPACITY
@@ -243,6 +244,42 @@ def moe_push_kernel(
 
 
 @triton.jit
+def moe_pull_kernel(
+    expert_ptr, out_ptr, weights_ptr, sent_ptr,   # every rank's expert rows (symmetric), out [T, H], where
+    sizes,                                        # (tokens, hidden, k, capacity)
+    sync_ptr,
+    rank, world_size, heap_bases,
+    K_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+):
+    """The combine in one step when the expert rows are on the heap (the same offset on every rank):
+    each token's k rows are read where their experts wrote them, at their owners (``sent`` says
+    which owner and slot), and summed, weighted, in fp32. No staging, no second kernel. The entry
+    handshake makes every owner's rows written before they are read; the exit one keeps an owner
+    from reusing them before every home has read its rows."""
+    tokens, hidden, k, capacity = sizes
+    team = Team(rank, world_size, heap_bases)
+    call, me = enter_call(sync_ptr, expert_ptr, team, WORLD_BLOCK)
+    team = wait_peers_ready(call, team)  # every owner's expert rows are written (and lie where mine do)
+    jj, cols = tl.arange(0, K_BLOCK), tl.arange(0, BLOCK_H)
+    for t in range(me, tokens, tl.num_programs(0)):
+        choice = tl.cast(t, tl.int64) * k + jj
+        sent = tl.load(sent_ptr + choice, mask=jj < k, other=-1)
+        valid = sent >= 0  # a choice past the dispatch's capacity was not delivered (and was reported)
+        owner = tl.where(valid, sent // capacity, rank).to(tl.int32)
+        slot = tl.cast(tl.where(valid, sent % capacity, 0), tl.int64)
+        weight = tl.load(weights_ptr + choice, mask=valid, other=0.0).to(tl.float32)
+        for c in range(0, hidden, BLOCK_H):
+            offs = c + cols
+            mask = valid[:, None] & (offs < hidden)[None, :]
+            rows = load(expert_ptr + slot[:, None] * hidden + offs[None, :], team.rank, owner[:, None],
+                        team.heap_bases, mask=mask, other=0.0).to(tl.float32)
+            total = tl.sum(rows * weight[:, None], axis=0)
+            tl.store(out_ptr + tl.cast(t, tl.int64) * hidden + offs, total.to(out_ptr.dtype.element_ty),
+                     mask=offs < hidden)
+    finish_call(call, team)
+
+
+@triton.jit
 def moe_reduce_kernel(
     expert_ptr, staging_ptr, out_ptr, weights_ptr, sent_ptr,  # my expert rows, my staging, out [T, H], where
     sizes,                                                    # (tokens, hidden, k, capacity)
@@ -274,5 +311,5 @@ def moe_reduce_kernel(
                      mask=offs < hidden)
 
 
-__all__ = ["moe_dispatch_kernel", "moe_push_kernel", "moe_reduce_kernel", "STATUS_RECEIVED", "STATUS_NEEDED",
-           "STATUS_WORST", "STATUS_WORDS"]
+__all__ = ["moe_dispatch_kernel", "moe_push_kernel", "moe_pull_kernel", "moe_reduce_kernel", "STATUS_RECEIVED",
+           "STATUS_NEEDED", "STATUS_WORST", "STATUS_WORDS"]
