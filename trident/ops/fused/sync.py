@@ -33,7 +33,7 @@ call whose ranks pass the operand at different heap offsets (tensors allocated i
 order; a heap tensor on one rank, a staged plain one on another) would read and write the wrong
 memory. :func:`wait_peers_ready` compares every peer's ``OFFSET`` with this rank's. On a mismatch
 it records the fault (``ERR_OFFSETS_DIFFER``: both offsets; the host raises
-:class:`~trident.errors.NotSymmetricError` at the next ``ctx.check()``/``ctx.barrier()``) and
+:class:`~trident.errors.DivergenceError` at the next ``ctx.check()``/``ctx.barrier()``) and
 returns a team whose every heap base is this rank's own (``LOCAL``): every "peer" access of the
 program then lands in this rank's own operand, never in a peer's memory. Every rank finds the
 mismatch (it is symmetric), so no rank reaches a peer; waits for peers' signals give up at once
@@ -180,7 +180,7 @@ def enter_call(sync_ptr, operand, team, WORLD_BLOCK: tl.constexpr):
 
     ``operand`` is the call's symmetric operand: the heap tensor peers reach at this rank's offset
     of it (gemm_all_scatter's C, all_gather_gemm's A_local, the slots or receive buffers of the ops
-    that push into peers). A kernel whose programs wait on each other takes their roles from
+    that push into peers, the expert outputs a pulling MoE combine reads). A kernel whose programs wait on each other takes their roles from
     ``arrival`` (the role that waits on none of them first), never from ``tl.program_id``: see the
     module doc.
 
