@@ -74,9 +74,9 @@ _OFFSETS_FAULT = (
     "rank {rank}: a fused op's symmetric operand (gemm_all_scatter's C, all_gather_gemm's A_local, moe_combine's "
     "expert_out, or the slots and buffers the ops push into) lies at heap offset {mine:#x} on rank {rank} but at "
     "{theirs:#x} on rank {peer}. Peers reach it at their own offset, so the call reached no peer (nothing was "
-    "read or written at a wrong place) and its results are invalid. Ranks must pass the same heap tensor: make heap tensors in the same "
-    "order and sizes on every rank (ctx.barrier() names where their allocations diverged), and pass a heap "
-    "operand on every rank or on none.")
+    "read or written at a wrong place) and its results are invalid. Ranks must pass the same heap tensor: make "
+    "heap tensors in the same order and sizes on every rank (ctx.barrier() names where their allocations "
+    "diverged), and pass a heap operand on every rank or on none.")
 
 
 def describe_heap_fault(rank, peer, offset, heap_size) -> str:

@@ -180,9 +180,9 @@ def enter_call(sync_ptr, operand, team, WORLD_BLOCK: tl.constexpr):
 
     ``operand`` is the call's symmetric operand: the heap tensor peers reach at this rank's offset
     of it (gemm_all_scatter's C, all_gather_gemm's A_local, the slots or receive buffers of the ops
-    that push into peers, the expert outputs a pulling MoE combine reads). A kernel whose programs wait on each other takes their roles from
-    ``arrival`` (the role that waits on none of them first), never from ``tl.program_id``: see the
-    module doc.
+    that push into peers, the expert outputs a pulling MoE combine reads). A kernel whose programs
+    wait on each other takes their roles from ``arrival`` (the role that waits on none of them
+    first), never from ``tl.program_id``: see the module doc.
 
     Example::
 
