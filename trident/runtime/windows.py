@@ -103,7 +103,6 @@ def register(ctx, tensor: torch.Tensor, backend, control_words: torch.Tensor) ->
         DivergenceError: ranks passed different shapes, strides or dtypes.
         TopologyError: the job spans nodes (peers in other nodes cannot map this memory).
     """
-    ctx.check_open()
     where = f"rank {ctx.rank}: ctx.register"
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{where}: expected a torch.Tensor, got {type(tensor).__name__}")
@@ -159,7 +158,6 @@ def unregister(ctx, window: Window, backend, control_words: torch.Tensor) -> Non
         TypeError: ``window`` is not a :class:`Window`.
         ValueError: it was unregistered already, or belongs to another context.
     """
-    ctx.check_open()
     if not isinstance(window, Window):
         raise TypeError(f"rank {ctx.rank}: ctx.unregister expects what ctx.register returned, "
                         f"got {type(window).__name__}")
@@ -175,8 +173,6 @@ def unregister(ctx, window: Window, backend, control_words: torch.Tensor) -> Non
 
 
 def _write_ranges(words: torch.Tensor, windows: list[Window]) -> None:
-    """The windows' byte ranges into the control block, for debug mode's bounds check."""
-    for i, w in enumerate(windows):
-        words[layout.WINDOW_RANGES + 2 * i] = w.range[0]
-        words[layout.WINDOW_RANGES + 2 * i + 1] = w.range[1]
-    words[layout.WINDOW_COUNT] = len(windows)
+    """The windows' count and byte ranges into the control block (one copy), for debug mode's bounds check."""
+    table = [len(windows)] + [bound for w in windows for bound in w.range]
+    words[layout.WINDOW_COUNT:layout.WINDOW_COUNT + len(table)] = torch.tensor(table, dtype=torch.int64)

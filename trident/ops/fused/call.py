@@ -254,7 +254,9 @@ def fused_op(spec: OpSpec, check, shape, across_nodes=None, refusal=None) -> Op:
 
 def split_roles(call: FusedCall, comm_work: int, other_work: int) -> tuple[int, int]:
     """``(other, comm)``: how many programs of a ``workgroup_specialized`` launch do the GEMM side
-    and the communication side (also ``producer_consumer``'s two grids), at least one each.
+    and the communication side (also ``producer_consumer``'s two grids): at least one GEMM program,
+    and at least one communication program unless ``comm_work`` is 0 (then none: alone, a rank has
+    nothing to gather, scatter or reduce from peers).
 
     ``comm`` is the call's ``comm_programs`` (the caller's, honoured, or the platform's default:
     at most a quarter of the SMs), capped by ``comm_work`` and by all programs but one, so that
@@ -274,7 +276,7 @@ def split_roles(call: FusedCall, comm_work: int, other_work: int) -> tuple[int, 
     programs = call.cfg.programs or platform.program_limit
     if not platform.simulator:
         programs = min(programs, platform.program_limit)
-    comm = max(1, min(call.comm_programs, comm_work, programs - 1))
+    comm = max(1, min(call.comm_programs, comm_work, programs - 1)) if comm_work else 0
     return max(1, min(other_work, programs - comm)), comm
 
 

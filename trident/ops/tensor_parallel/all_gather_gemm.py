@@ -107,8 +107,7 @@ def _workgroup_specialized(call: FusedCall) -> None:
     sync = call.sync(flags=blocks)
     # The GEMM programs wait for the gather programs of the same launch; alone, nothing is gathered.
     peer_blocks = blocks * (ctx.world_size - 1) // ctx.world_size
-    gemm_programs, comm = split_roles(call, comm_work=max(peer_blocks, 1), other_work=tiles)
-    comm = comm if peer_blocks else 0
+    gemm_programs, comm = split_roles(call, comm_work=peer_blocks, other_work=tiles)
     a_full = _full_a(call)
     call.own(a_full)
     call.launch_gemm(kernels.gather_gemm_kernel, (comm + gemm_programs,), (

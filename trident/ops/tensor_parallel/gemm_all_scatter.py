@@ -120,8 +120,8 @@ def _workgroup_specialized(call: FusedCall) -> None:
     (none at one rank: there is nobody to scatter to)."""
     s, ctx = _Block(call), call.ctx
     args, use_tma = s.gemm_args(call)
-    gemm_programs, comm = split_roles(call, comm_work=s.tiles, other_work=s.tiles)
-    comm = comm if ctx.world_size > 1 else 0
+    scatter_work = s.tiles if ctx.world_size > 1 else 0  # alone, there is nobody to scatter to
+    gemm_programs, comm = split_roles(call, comm_work=scatter_work, other_work=s.tiles)
     call.launch_gemm(kernels.workgroup_specialized_kernel, (gemm_programs + comm,), (
         *args,
         gemm_programs,

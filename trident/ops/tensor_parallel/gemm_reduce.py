@@ -127,8 +127,8 @@ def push_and_sum(call: FusedCall, to_every_rank: bool) -> None:
     computed = per_slot if to_every_rank else ctx.world_size * per_slot
     sync = call.sync(flags=ctx.world_size * per_slot)
     # The reducers wait for the GEMM programs of every rank's launch; alone, there is no peer's slot to add.
-    gemm_programs, comm = split_roles(call, comm_work=per_slot, other_work=computed)
-    comm = comm if ctx.world_size > 1 else 0
+    reduce_work = per_slot if ctx.world_size > 1 else 0
+    gemm_programs, comm = split_roles(call, comm_work=reduce_work, other_work=computed)
     call.launch_gemm(kernels.push_reduce_kernel, (gemm_programs + comm,), (
         a, b, slots, call.C, *_sizes(call, rows),
         gemm_programs,
