@@ -25,7 +25,7 @@ from ...runtime.groups import team
 from ..fused import multinode
 from ..fused.call import check_tensor
 from ..fused.sync import sync_block
-from .dispatch import STATE_KEY, DispatchCount, MoEDispatch, fail
+from .dispatch import STATE_KEY, TILE_WORDS, DispatchCount, MoEDispatch, fail
 from .kernels import moe_pull_kernel, moe_push_kernel, moe_reduce_kernel
 
 #: Expert output dtypes ``moe_combine`` sums (in fp32) and returns.
@@ -101,7 +101,10 @@ def _run_combine(team, rec, tensors, options) -> None:
     expert_out, topk_weights, topk_idx, recv_src, recv_j, status, sent, out = tensors
     num_experts, max_tokens, capacity = options
     (tokens, k), hidden = topk_idx.shape, expert_out.shape[1]
-    staging = workspace(team).buffer("moe.combine", max_tokens * k * hidden, expert_out.dtype)
+    # The staging rows of the push path; taken on every rank of a team of several (used or not: a rank
+    # that pulls takes it too, so allocations stay in step), never alone (nothing is pushed).
+    if team.world_size > 1:
+        staging = workspace(team).buffer("moe.combine", max_tokens * k * hidden, expert_out.dtype)
     sync = sync_block(team, team.world_size + 1)  # the dispatch's: the combine raises no flags
     if max_tokens == 0 or hidden == 0:
         rec.discard()
@@ -117,7 +120,7 @@ def _run_combine(team, rec, tensors, options) -> None:
             dict(K_BLOCK=triton.next_power_of_2(k), BLOCK_H=block_h, WORLD_BLOCK=world_block), num_warps=warps)
         return
     if team.world_size > 1:  # rows of other ranks' tokens go home first; at one rank every row is local
-        rows = max(1, 4096 // block_h)
+        rows = max(1, TILE_WORDS // block_h)
         rec.launch(moe_push_kernel, (max(1, team.platform.program_limit),), (
             expert_out, staging, recv_src, recv_j, status,
             (hidden, k, max_tokens, capacity),
@@ -126,7 +129,7 @@ def _run_combine(team, rec, tensors, options) -> None:
     if tokens:
         programs = max(1, min(tokens, 4 * team.platform.program_limit))
         rec.launch(moe_reduce_kernel, (programs,), (
-            expert_out, staging, out, topk_weights, sent,
+            expert_out, staging if team.world_size > 1 else expert_out, out, topk_weights, sent,  # (none staged alone)
             (tokens, hidden, k, capacity),
             team.rank),
             dict(K_BLOCK=triton.next_power_of_2(k), BLOCK_H=block_h), num_warps=warps)

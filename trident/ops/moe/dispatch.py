@@ -50,7 +50,8 @@ MAX_EXPERTS = 1024
 #: The per-context resource that counts dispatches (a result is valid until the next).
 STATE_KEY = "ops.moe"
 
-#: Words (of the row's word type) one step of the dispatch moves: ``PAIRS`` rows of ``BLOCK_R`` words.
+#: Words (of the row's word type) one step of the dispatch, or of the combine's push, moves: a block of
+#: rows of ``BLOCK_R`` (``BLOCK_H``) words.
 TILE_WORDS = 4096
 #: Most (token, j) rows one step of the dispatch moves.
 ROWS_PER_STEP = 16

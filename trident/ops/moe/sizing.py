@@ -102,8 +102,9 @@ def moe_heap_bytes(tokens_per_rank: int, hidden: int, topk: int, num_experts: in
         (2 * num_experts + 2 * (num_experts // world_size) + staged) * 4,   # cursors, offsets, counts, map
         STATUS_WORDS * 8,                                                   # status words
         sync_words(world_size, world_size + 1) * 8,                         # sync block
-        staged * hidden * out_bytes,                                        # combine staging
     ]
+    if world_size > 1:
+        buffers.append(staged * hidden * out_bytes)                         # combine staging (rows pushed home)
     fixed = [ccl_sync_words(world_size) * 8, 3 * world_size * 8]            # collectives' sync block, table
     return layout.CONTROL_BYTES + sum(_block(b) for b in buffers) + sum(_aligned(b) for b in fixed)
 
