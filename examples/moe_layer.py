@@ -19,7 +19,11 @@ the host: with ``max_tokens_per_rank`` given, the whole layer could be captured 
 The example checks every rank's output against the same layer run whole on one rank (all
 experts, made from one seed on every rank; a real model loads its shards).
 
-    trident run -n 2 examples/moe_layer.py [tokens]
+The same grouped GEMM takes either dispatch layout: ``contiguous`` (experts' rows one after
+another) or ``masked`` (a fixed region of rows per local expert, as decode uses: no count
+exchange), since it only reads each expert's offset and count.
+
+    trident run -n 2 examples/moe_layer.py [tokens] [contiguous|masked]
 """
 
 import sys
@@ -85,10 +89,10 @@ def route(x, router):
     return w.softmax(dim=-1), idx
 
 
-def moe_layer(ctx, x, w, max_tokens):
+def moe_layer(ctx, x, w, max_tokens, layout="contiguous"):
     """One rank's part of the layer (collective): its tokens ``x`` [T, H] in, their outputs [T, H] out."""
     weight, idx = route(x, w["router"])
-    d = trident.ops.moe_dispatch(ctx, x, idx, EXPERTS, max_tokens_per_rank=max_tokens)
+    d = trident.ops.moe_dispatch(ctx, x, idx, EXPERTS, max_tokens_per_rank=max_tokens, layout=layout)
     gate, up = grouped_gemm(d.recv_x, w["gate_up"], d).chunk(2, dim=-1)
     act = (F.silu(gate.float()) * up.float()).to(x.dtype).contiguous()
     with ctx.heap_allocations():  # the expert outputs on the heap: the combine reads them where they lie
@@ -108,7 +112,7 @@ def reference_layer(x, full, router):
     return out
 
 
-def main(tokens: str = "8") -> None:
+def main(tokens: str = "8", layout: str = "contiguous") -> None:
     with trident.init(heap_size=1 << 27) as ctx:
         w, r = ctx.world_size, ctx.rank
         if EXPERTS % w:
@@ -117,12 +121,12 @@ def main(tokens: str = "8") -> None:
         dtype = torch.float32 if ctx.platform.simulator else torch.bfloat16
         full, shard = weights(w, r, dtype, ctx.device)
         x = torch.randn(T, HIDDEN, generator=torch.Generator().manual_seed(1 + r))
-        y = moe_layer(ctx, x.to(ctx.device, dtype), shard, max_tokens=int(tokens) + w - 1)
+        y = moe_layer(ctx, x.to(ctx.device, dtype), shard, max_tokens=int(tokens) + w - 1, layout=layout)
         want = reference_layer(x.to(dtype).double(), full, shard["router"].cpu())  # x rounded as the layer's
         err = float((y.cpu().double() - want).norm() / want.norm())
         ok = err < (1e-4 if dtype == torch.float32 else 3e-2)
-        print(f"rank {r}: MoE layer, {T} tokens, {EXPERTS} experts (top {TOP_K}) on {w} ranks: relative error "
-              f"{err:.1e} ({'matches' if ok else 'WRONG'})")
+        print(f"rank {r}: MoE layer ({layout}), {T} tokens, {EXPERTS} experts (top {TOP_K}) on {w} ranks: "
+              f"relative error {err:.1e} ({'matches' if ok else 'WRONG'})")
         if not ok:
             raise SystemExit(f"rank {r}: relative error {err}")
 

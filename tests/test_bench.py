@@ -303,7 +303,8 @@ def test_latency_host_time_round_trip_and_small_collectives(pool2, tmp_path):
     assert {"empty triton launch", "torch x.add_(1)", "torch.matmul small", "all_reduce 1 KiB (heap)",
             "all_reduce 1 KiB (plain)", "all_to_all 1 KiB per peer", "device_barrier", "gemm_all_scatter small",
             "all_gather_gemm small", "gemm_reduce_scatter small"} <= set(host)
-    assert {name.split(" ")[0] for name, r in host.items() if r["group"] == "moe"} == {"moe_dispatch", "moe_combine"}
+    assert {" ".join(name.split(" ")[:-2]) for name, r in host.items() if r["group"] == "moe"} == {
+        "moe_dispatch", "moe_combine", "moe_dispatch masked", "moe_combine masked"}
     assert ("nccl all_reduce 1 KiB" in host) is rec["performance_figure"]
     assert all(r["host_us"] > 0 and r["time_us"] > 0 for r in host.values())
     trips = {r["name"]: r["time_us"] for r in rec["rows"] if r["part"] == "round_trip"}
@@ -343,11 +344,15 @@ def test_tp_layer_times_the_decoder_layer(pool2, tmp_path):
 
 
 def test_moe_times_dispatch_and_combine(pool2, tmp_path):
-    rec, files = pool2.run(_bench, "moe", ["--tokens", "4", "8", "--no-progress"], str(tmp_path / "moe"))[0]
+    """Both layouts up to --masked-tokens (here 4: the masked layout at 4 tokens only), the torch path
+    where NCCL runs, every row against its memory-bound floor."""
+    rec, files = pool2.run(_bench, "moe", ["--tokens", "4", "8", "--masked-tokens", "4", "--no-progress"],
+                           str(tmp_path / "moe"))[0]
     _check_common(rec, files, 2)
     assert rec["all_correct"] is True
-    impls = {r["impl"] for r in rec["rows"]}
-    assert impls == ({"trident", "torch"} if rec["performance_figure"] else {"trident"})
+    impls = {(r["impl"], r["tokens"]) for r in rec["rows"]}
+    want = {("trident", 4), ("trident", 8), ("trident masked", 4)}
+    assert impls == (want | {("torch", 4), ("torch", 8)} if rec["performance_figure"] else want)
     cases = {(r["op"], r["dtype"], r["tokens"]) for r in rec["rows"]}
     assert cases == {(op, dtype, t) for op, dtype in (("dispatch", "fp8"), ("dispatch", "bf16"), ("combine", "bf16"))
                      for t in (4, 8)}
@@ -359,7 +364,8 @@ def test_moe_times_dispatch_and_combine(pool2, tmp_path):
 
 def test_moe_heap_bytes_follows_the_documented_formula_and_sizes_the_bench():
     """docs/moe.md's formula at DeepSeek-V3 prefill (4096 tokens, 7168 hidden, top-8 of 256, bf16 and
-    fp8 scales), and ``trident bench moe``'s default heap at 1, 2, 4 and 8 ranks holds it."""
+    fp8 scales) and decode in the masked layout (128 tokens), and ``trident bench moe``'s default heap
+    at 1, 2, 4 and 8 ranks holds both."""
     import trident.ops
     from trident import layout
     from trident.bench import moe
@@ -374,8 +380,15 @@ def test_moe_heap_bytes_follows_the_documented_formula_and_sizes_the_bench():
     assert want + layout.CONTROL_BYTES < got < want + (4 << 20)  # + the small buffers and the sync block
     assert trident.ops.moe_heap_bytes(4096, 7168, 8, 256, 8, capacity=rows // 2) < got - (2 << 30)
     args = moe.parse_args([])
-    for world in (1, 2, 4, 8):
-        need = trident.ops.moe_heap_bytes(4096, 7168, 8, 256, world, torch.bfloat16, fp8_scales=True)
+    # The masked layout at decode (128 tokens): a region of W * M rows for each of the E/W local experts.
+    masked_rows = 32 * 8 * 128
+    want = pow2(masked_rows * 7168 * 2) + pow2(masked_rows * 56 * 4) + pow2(masked_rows * 8) + pow2(masked_rows * 4)
+    masked = trident.ops.moe_heap_bytes(128, 7168, 8, 256, 8, torch.bfloat16, fp8_scales=True, layout="masked")
+    assert want + pow2(128 * 8 * 7168 * 2) + layout.CONTROL_BYTES < masked < want + pow2(128 * 8 * 7168 * 2) + (4 << 20)
+    for world in (1, 2, 4, 8):  # the bench: the largest case of each layout (masked up to --masked-tokens 256)
+        need = (trident.ops.moe_heap_bytes(4096, 7168, 8, 256, world, torch.bfloat16, fp8_scales=True)
+                + trident.ops.moe_heap_bytes(128, 7168, 8, 256, world, torch.bfloat16, fp8_scales=True,
+                                             layout="masked"))
         assert need <= moe.heap_bytes(args, world) <= need + (256 << 20)
 
 
@@ -384,7 +397,7 @@ def _moe_bench_in_exact_heap(rank, out, world):
     import trident.ops
     from trident.bench import moe
 
-    args = moe.parse_args(["--tokens", "4", "8", "--no-progress"])
+    args = moe.parse_args(["--tokens", "4", "8", "--masked-tokens", "0", "--no-progress"])  # contiguous only
     moe.sim_sizes(args)
     hidden, k, experts = moe.MODELS[args.models[0]]
     heap = trident.ops.moe_heap_bytes(8, hidden, k, experts, world, torch.bfloat16, fp8_scales=True)
@@ -393,14 +406,33 @@ def _moe_bench_in_exact_heap(rank, out, world):
         return record["all_correct"], ctx.memory_stats()["free_bytes"], heap
 
 
+def _masked_in_exact_heap(rank, out, world):
+    """The masked layout's largest call (bf16, the combine, fp8) in a heap of exactly its ``moe_heap_bytes``."""
+    import trident
+    import trident.ops
+    from trident.bench import moe
+
+    hidden, k, experts = moe.MODELS["tiny"]
+    heap = trident.ops.moe_heap_bytes(8, hidden, k, experts, world, torch.bfloat16, fp8_scales=True,
+                                      layout="masked")
+    with trident.init(heap_size=heap) as ctx:
+        x, x8, scales, idx, weights = moe.inputs(ctx, 8, hidden, k, experts, seed=0)
+        d = trident.ops.moe_dispatch(ctx, x, idx, experts, max_tokens_per_rank=8, layout="masked")
+        got = trident.ops.moe_combine(ctx, d.recv_x, weights, d).float()
+        trident.ops.moe_dispatch(ctx, x8, idx, experts, x_scales=scales, max_tokens_per_rank=8, layout="masked")
+        correct = bool(torch.allclose(got, x.float() * weights.sum(1, keepdim=True), rtol=3e-2, atol=3e-2))
+        return correct, ctx.memory_stats()["free_bytes"], heap
+
+
+@pytest.mark.parametrize("body", [_moe_bench_in_exact_heap, _masked_in_exact_heap], ids=["contiguous", "masked"])
 @pytest.mark.parametrize("world", [1, 2])
-def test_moe_bench_runs_in_exactly_the_heap_moe_heap_bytes_gives(tmp_path, world):
+def test_moe_bench_runs_in_exactly_the_heap_moe_heap_bytes_gives(tmp_path, world, body):
     """The bench makes its largest call first (the workspace never grows through smaller sizes, which
     would leave holes), so a heap of exactly ``moe_heap_bytes`` holds it, with little to spare (at one
     rank without the combine's staging, which nothing uses there)."""
     import trident
 
-    for correct, free, heap in trident.spawn(_moe_bench_in_exact_heap, world, (str(tmp_path), world), timeout=240):
+    for correct, free, heap in trident.spawn(body, world, (str(tmp_path), world), timeout=240):
         assert correct is True
         assert free < 4096, (free, heap)
 

@@ -38,6 +38,15 @@ def test_example_runs_on_two_ranks(name):
         assert any(word in line for line in lines for word in SUCCESS), proc.stdout[-2000:]
 
 
+def test_moe_layer_runs_with_the_masked_layout():
+    """The same layer, its grouped GEMM unchanged, on the decode path's masked dispatch layout."""
+    proc = subprocess.run([sys.executable, "-m", "trident", "run", "-n", "2", "examples/moe_layer.py", "8", "masked"],
+                          cwd=REPO, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    for rank in range(2):
+        assert f"rank {rank}: MoE layer (masked)" in proc.stdout and "matches" in proc.stdout, proc.stdout[-2000:]
+
+
 def test_examples_form_a_numbered_ladder():
     """``NN_topic.py`` from 00 up without gaps, so a newcomer reads them in order; demo.py besides."""
     numbered = [name for name in EXAMPLES if name[:2].isdigit()]

@@ -41,6 +41,7 @@ class Case:
     routing: str  # "random" (with -1 entries), "one" (every token to the last expert), "same_rank"
     given: bool   # pass max_tokens_per_rank (the no-host-sync path) or let the ranks agree
     salt: int = 0
+    layout: str = "contiguous"
 
     def t(self, rank: int) -> int:
         return self.tokens[rank % len(self.tokens)]
@@ -75,7 +76,7 @@ def _call(ctx, case: Case, capacity=None):
     dev = ctx.device
     M = max(case.t(r) for r in range(ctx.world_size)) if case.given else None
     d = moe_dispatch(ctx, x.to(dev), idx.to(dev), case.per_rank * ctx.world_size, max_tokens_per_rank=M,
-                     capacity=capacity, x_scales=None if scales is None else scales.to(dev))
+                     capacity=capacity, x_scales=None if scales is None else scales.to(dev), layout=case.layout)
     return d, weights
 
 
@@ -90,6 +91,12 @@ def _check_dispatch(ctx, case: Case, d, what: str) -> list[str]:
     src, rx = d.recv_src.cpu(), d.recv_x.cpu()
     scales = None if d.recv_scales is None else d.recv_scales.cpu()
     used = torch.zeros(d.capacity, dtype=torch.bool)
+    if case.layout == "masked":  # a fixed region per local expert: W * M rows, or by the counts (rounded)
+        region = d.expert_capacity
+        busiest = max(sum(int((i == e).sum()) for _, i, _, _ in everyone) for e in range(E_l * W))
+        want = W * M if case.given else -(-max(busiest, 1) // 64) * 64
+        if region != want or d.capacity != E_l * region or offsets != [e * region for e in range(E_l)]:
+            problems.append(f"{what}: masked layout: region {region}, capacity {d.capacity}, offsets {offsets}")
     for e in range(E_l):
         expert = r * E_l + e
         want = sorted(s * M + t for s, (_, idx, _, _) in enumerate(everyone)
@@ -110,7 +117,7 @@ def _check_dispatch(ctx, case: Case, d, what: str) -> list[str]:
                 problems.append(f"{what}: row {row} (rank {s} token {t}) differs from the sent token")
             if scales is not None and not torch.equal(scales[row], scales_s[t]):
                 problems.append(f"{what}: row {row} (rank {s} token {t}): scales {scales[row]} != {scales_s[t]}")
-    if not torch.all(src[~used] == -1):
+    if case.layout == "contiguous" and not torch.all(src[~used] == -1):  # masked: unused rows not cleared
         problems.append(f"{what}: unused rows' recv_src are {src[~used].tolist()}, expected -1")
     return problems
 
@@ -277,15 +284,88 @@ def _repeated_ids_body(ctx):
         capacity = 30 if given else prefill_capacity(30)  # prefill: the real counts, rounded up
         if d.capacity != capacity or counts != ([30, 0] if r == 0 else [0, 0]):
             problems.append(f"rank {r}: capacity {d.capacity}, counts {counts} (given={given})")
-        out = moe_combine(ctx, d.recv_x.clone(), weights.to(dev), d).float().cpu()
-        want = x.float() * weights.sum(1, keepdim=True)
-        if not torch.allclose(out, want, rtol=2e-2, atol=2e-2):
-            problems.append(f"rank {r}: combine of repeated ids off by {(out - want).abs().max():.3g} (given={given})")
+        problems += _identity_combine(ctx, d, x, weights, f"repeated ids (given={given})")
     return problems
+
+
+def _identity_combine(ctx, d, x, weights, what: str) -> list[str]:
+    """The combine of ``d`` with identity experts (``expert_out`` = the received rows) must give each
+    token ``x`` times the sum of its weights, however many of its rows went to one expert."""
+    out = moe_combine(ctx, d.recv_x.clone(), weights.to(ctx.device), d).float().cpu()
+    want = x.float() * weights.sum(1, keepdim=True)
+    if torch.allclose(out, want, rtol=2e-2, atol=2e-2):
+        return []
+    return [f"rank {ctx.rank}: combine of {what} off by {(out - want).abs().max():.3g}"]
 
 
 def test_a_token_may_repeat_an_expert_id():
     assert_no_problems(get_pool(2), _repeated_ids_body)
+
+
+MASKED_CASES = [
+    Case((6, 3, 5), 2, 2, 64, torch.bfloat16, "random", given=True, salt=50, layout="masked"),
+    Case((4,), 2, 1, 32, torch.float16, "one", given=True, salt=51, layout="masked"),  # one expert's region full
+    Case((0, 5), 3, 3, 32, torch.bfloat16, "same_rank", given=True, salt=52, layout="masked"),
+    Case((3, 5), 2, 2, 256, FP8, "random", given=False, salt=53, layout="masked"),  # ranks agree on T
+]
+
+
+def _masked_body(ctx):
+    """The masked layout (no count exchange: senders claim slots at the owners' cursors), each case
+    twice (the second call claims from cursors the first one reset), then the contiguous layout on
+    the same buffers, then masked again."""
+    problems = []
+    for case in MASKED_CASES:
+        for turn in range(2):
+            problems += _run(ctx, case, f"rank {ctx.rank}/{ctx.world_size} {case} call {turn}")
+    problems += _run(ctx, dataclasses.replace(MASKED_CASES[0], layout="contiguous"), f"rank {ctx.rank} contiguous")
+    return problems + _run(ctx, MASKED_CASES[0], f"rank {ctx.rank} masked after contiguous")
+
+
+@pytest.mark.parametrize("world", [2, 3], ids=lambda w: f"{w}ranks")
+def test_masked_layout_matches_the_reference(world):
+    assert_no_problems(get_pool(world), _masked_body)
+
+
+def _masked_overflow_body(ctx):
+    """Every token names expert 0 in both its slots: expert 0 must receive W*T*k = 16 rows, a region
+    of W*T = 8 (the default with max_tokens_per_rank) cannot hold them. An error on every rank naming
+    the region: raised before anything is sent when the ranks agree on the counts on the host
+    (max_tokens_per_rank=None), else recorded on the device by the owner and by every sender that
+    lost a row, and raised at the call (simulator) or by d.check(). The cursors are reset all the
+    same, so a call with a region of 16 then gets every row, and its combine sums both rows of each
+    token; with the counts agreed on the host and no capacity, the region is sized by them."""
+    problems, r, dev = [], ctx.rank, ctx.device
+    x = (torch.arange(4 * 32, dtype=torch.float32).reshape(4, 32) / 64 + r).to(torch.bfloat16)
+    idx, weights = torch.zeros(4, 2, dtype=torch.int64), torch.rand(4, 2, generator=torch.Generator().manual_seed(r))
+    for given, capacity in ((None, 8), (4, None)):
+        try:
+            d = moe_dispatch(ctx, x.to(dev), idx.to(dev), 2, max_tokens_per_rank=given, capacity=capacity,
+                             layout="masked")
+            d.check()
+            problems.append(f"rank {r}: a region of 8 rows for 16 was accepted (max_tokens_per_rank={given})")
+        except CapacityError as exc:
+            exact = given is None or r == 0  # a sender knows a lower bound only: the claims it saw
+            for fragment in (f"rank {r}:", "layout='masked'", "capacity=8 rows per local expert",
+                             "an expert of rank 0 had to receive at least"):
+                if fragment not in str(exc):
+                    problems.append(f"rank {r}: {fragment!r} not in {str(exc)!r}")
+            if exact and "at least 16 rows" not in str(exc):
+                problems.append(f"rank {r}: 'at least 16 rows' not in {str(exc)!r}")
+    ctx.check()  # nothing left behind
+    for given, capacity, region in ((4, 16, 16), (None, None, 64)):
+        d = moe_dispatch(ctx, x.to(dev), idx.to(dev), 2, max_tokens_per_rank=given, capacity=capacity,
+                         layout="masked")
+        d.check()
+        if d.recv_counts.cpu().tolist() != ([16] if r == 0 else [0]) or d.expert_capacity != region:
+            problems.append(f"rank {r}: counts {d.recv_counts.tolist()}, region {d.expert_capacity}, expected "
+                            f"{region} (max_tokens_per_rank={given}, capacity={capacity})")
+        problems += _identity_combine(ctx, d, x, weights, f"the masked layout (region {region})")
+    return problems
+
+
+def test_masked_layout_overflow_is_a_clear_error():
+    assert_no_problems(get_pool(2), _masked_overflow_body)
 
 
 def _refusals_body(ctx):
@@ -301,6 +381,7 @@ def _refusals_body(ctx):
         "idx rows": (lambda: moe_dispatch(ctx, x, idx[:3], 2), ["topk_idx", r"\(3, 2\)"]),
         "too many tokens": (lambda: moe_dispatch(ctx, x, idx, 2, max_tokens_per_rank=3), ["max_tokens_per_rank=3"]),
         "capacity": (lambda: moe_dispatch(ctx, x, idx, 2, capacity=-1), ["capacity=-1"]),
+        "layout": (lambda: moe_dispatch(ctx, x, idx, 2, layout="padded"), ["layout='padded'", "'masked'"]),
         "fp8 without scales": (lambda: moe_dispatch(ctx, f8, idx, 2), ["x_scales"]),
         "scales shape": (lambda: moe_dispatch(ctx, f8, idx, 2, x_scales=torch.ones(4, 2, device=dev)),
                          ["x_scales", r"\(4, 2\)", r"\[4, 1\]"]),
@@ -361,8 +442,8 @@ DISPATCH = {**TEAM, "x_ptr": "*i32", "topk_ptr": "*i64", "recv_x_ptr": "*i32", "
             "recv_j_ptr": "*i32", "counts_ptr": "*i32", "local_ptr": "*i32", "status_ptr": "*i64"}
 DISPATCH_SIZES = ("tokens", "row_words", "scale_words", "k", "experts_local", "max_tokens", "capacity")
 PUSH = {**TEAM, "expert_ptr": "*bf16", "staging_ptr": "*bf16", "recv_src_ptr": "*i64", "recv_j_ptr": "*i32",
-        "status_ptr": "*i64"}
-PUSH_SIZES = ("hidden", "k", "max_tokens", "capacity")
+        "layout_ptr": "*i32"}
+PUSH_SIZES = ("hidden", "k", "max_tokens", "experts_local")
 REDUCE = {"rank": "i32", "expert_ptr": "*bf16", "staging_ptr": "*bf16", "out_ptr": "*bf16", "weights_ptr": "*fp32",
           "sent_ptr": "*i32"}
 REDUCE_SIZES = ("tokens", "hidden", "k", "capacity")
@@ -390,13 +471,13 @@ def build(name, kernel, signature, sizes, meta, ones, check=None):
 
 results = {}
 for ones in (False, True):
-    for fp8 in (False, True):
+    for fp8, masked in ((False, False), (True, False), (False, True)):
         scale = "*fp32" if fp8 else "constexpr"
-        meta = {"BLOCKS": (256, 4, 1024, 1024, 64), "REPORT": True, "WORLD_BLOCK": 8}  # PAIRS 4: the H200 choice
+        meta = {"BLOCKS": (256, 4, 1024, 1024, 64), "OPTIONS": (True, masked), "WORLD_BLOCK": 8}  # PAIRS 4: the H200's
         if not fp8:
             meta.update(scales_ptr=None, recv_scales_ptr=None)
-        build(f"dispatch fp8={fp8}", moe_dispatch_kernel, {**DISPATCH, "scales_ptr": scale, "recv_scales_ptr": scale},
-              DISPATCH_SIZES, meta, ones, "atom")
+        build(f"dispatch fp8={fp8} masked={masked}", moe_dispatch_kernel,
+              {**DISPATCH, "scales_ptr": scale, "recv_scales_ptr": scale}, DISPATCH_SIZES, meta, ones, "atom")
     build("combine push", moe_push_kernel, PUSH, PUSH_SIZES, {"ROWS": 4, "BLOCK_H": 1024, "WORLD_BLOCK": 8}, ones)
     build("combine reduce", moe_reduce_kernel, REDUCE, REDUCE_SIZES, {"K_BLOCK": 8, "BLOCK_H": 1024}, ones)
     build("combine pull", moe_pull_kernel, PULL, REDUCE_SIZES, {"K_BLOCK": 8, "BLOCK_H": 1024, "WORLD_BLOCK": 8}, ones)
@@ -407,4 +488,4 @@ print(json.dumps(results))
 def test_kernels_compile_for_sm90(tmp_path):
     from tests.sm90_harness import assert_compiled
 
-    assert_compiled(COMPILE_CHILD, tmp_path, 10)
+    assert_compiled(COMPILE_CHILD, tmp_path, 12)

@@ -70,6 +70,12 @@ _CAPACITY_FAULT = (
     "rows. The rows past the capacity were not delivered, so this call's results (and a moe_combine on them) "
     "are incomplete. Pass capacity >= {needed}, or capacity=None (the worst case, world_size * "
     "max_tokens_per_rank * k).")
+_EXPERT_CAPACITY_FAULT = (
+    "rank {rank}: moe_dispatch: layout='masked' with capacity={capacity} rows per local expert is too small: an "
+    "expert of rank {worst_rank} had to receive at least {needed} rows. The rows past its region were not "
+    "delivered, so this call's results (and a moe_combine on them) are incomplete. Pass a larger capacity (at "
+    "least {needed}; rank {worst_rank} reports the most its experts needed); the default, world_size * "
+    "max_tokens_per_rank, holds when no token names one expert in several of its k slots.")
 _OFFSETS_FAULT = (
     "rank {rank}: a fused op's symmetric operand (gemm_all_scatter's C, all_gather_gemm's A_local, moe_combine's "
     "expert_out, or the slots and buffers the ops push into) lies at heap offset {mine:#x} on rank {rank} but at "
@@ -94,9 +100,11 @@ def describe_unreachable_fault(rank, peer, offset) -> str:
     return _UNREACHABLE_FAULT.format(rank=rank, peer=peer, offset=offset)
 
 
-def describe_capacity_fault(rank, worst_rank, capacity, needed) -> str:
-    """The message of an MoE dispatch whose receive buffer was too small (rows past it were not delivered)."""
-    return _CAPACITY_FAULT.format(rank=rank, worst_rank=worst_rank, capacity=capacity, needed=needed)
+def describe_capacity_fault(rank, worst_rank, capacity, needed, per_expert=False) -> str:
+    """The message of an MoE dispatch whose receive buffer was too small (rows past it were not delivered);
+    ``per_expert``: the masked layout's region of ``capacity`` rows per local expert."""
+    template = _EXPERT_CAPACITY_FAULT if per_expert else _CAPACITY_FAULT
+    return template.format(rank=rank, worst_rank=worst_rank, capacity=capacity, needed=needed)
 
 
 def describe_offsets_fault(rank, peer, mine, theirs) -> str:

@@ -48,7 +48,8 @@ ERR_WAIT_TIMEOUT = 1
 ERR_OUT_OF_HEAP = 2
 ERR_ABORTED = 3
 ERR_BAD_PEER = 4
-ERR_CAPACITY = 5  # a receive buffer (an MoE dispatch's capacity) too small: EXPECTED rows held, OBSERVED needed
+ERR_CAPACITY = 5  # a receive buffer (an MoE dispatch's capacity) too small: EXPECTED rows held, OBSERVED needed;
+#                   OFFSET 1 when a region of the masked layout overflowed, else 0
 ERR_UNREACHABLE = 6  # a peer in another node, whose heap is not mapped (heap_bases[peer] == 0)
 # A fused call's symmetric operand at another heap offset on a peer: EXPECTED this rank's, OBSERVED the peer's.
 # The call then reached no peer (trident.ops.fused.sync), so waits that would wait for one give up at once.

@@ -333,7 +333,7 @@ def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, max_
     d = moe.moe_dispatch(ctx, x.contiguous(), topk_idx.contiguous(), num_experts, max_tokens_per_rank,
                          x_scales=x_scales, group=g)
     scales = d.recv_scales if d.recv_scales is not None else d.recv_x.new_empty((d.capacity, 0), dtype=torch.float32)
-    handle = torch.cat([d.handle.recv_j.to(torch.int64), d.handle.status, d.handle.sent.to(torch.int64)])
+    handle = torch.cat([d.handle.recv_j, d.handle.layout, d.handle.sent]).to(torch.int64)
     return (_plain_copy(d.recv_x), d.recv_offsets.clone(), d.recv_counts.clone(), d.recv_src.clone(),
             _plain_copy(scales), handle)
 
@@ -341,7 +341,6 @@ def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, max_
 @_fake("moe_dispatch")
 def _(x, topk_idx, num_experts, max_tokens_per_rank, x_scales, group):
     from .ops.moe.dispatch import SCALE_BLOCK
-    from .ops.moe.kernels import STATUS_WORDS
     from .ops.moe.sizing import default_capacity
 
     world = _world(group)
@@ -351,7 +350,7 @@ def _(x, topk_idx, num_experts, max_tokens_per_rank, x_scales, group):
     return (x.new_empty((rows, x.shape[1])), topk_idx.new_empty(experts_local, dtype=torch.int32),
             topk_idx.new_empty(experts_local, dtype=torch.int32), topk_idx.new_empty(rows),
             x.new_empty((rows, scale_cols), dtype=torch.float32),
-            topk_idx.new_empty(rows + STATUS_WORDS + topk_idx.shape[0] * topk_idx.shape[1]))
+            topk_idx.new_empty(rows + 2 * experts_local + topk_idx.shape[0] * topk_idx.shape[1]))
 
 
 def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, topk_idx: torch.Tensor,
@@ -361,19 +360,19 @@ def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, topk_idx: 
     ``[T, H]``. ``topk_idx``, ``recv_src`` and ``handle`` are the dispatch's (any later dispatch may
     have run in between: nothing here reads its receive buffers)."""
     from .ops.moe import combine as moe
-    from .ops.moe.kernels import STATUS_WORDS
 
     ctx, g = resolve(group)
     me = team(ctx, g)
-    capacity, choices = recv_src.shape[0], topk_idx.numel()
-    if handle.shape != (capacity + STATUS_WORDS + choices,) or handle.dtype != torch.int64:
-        raise ValueError(f"{me.who()}: moe_combine: handle must be the int64 [{capacity} + {STATUS_WORDS} + "
+    capacity, choices, layout_words = recv_src.shape[0], topk_idx.numel(), 2 * (num_experts // me.world_size)
+    if handle.shape != (capacity + layout_words + choices,) or handle.dtype != torch.int64:
+        raise ValueError(f"{me.who()}: moe_combine: handle must be the int64 [{capacity} + {layout_words} + "
                          f"{choices}] tensor torch.ops.trident.moe_dispatch returned with recv_src and this "
                          f"topk_idx, got {handle.dtype} {tuple(handle.shape)}")
-    recv_j, status = handle[:capacity].to(torch.int32), handle[capacity:capacity + STATUS_WORDS].contiguous()
-    sent = handle[capacity + STATUS_WORDS:].to(torch.int32)
+    recv_j = handle[:capacity].to(torch.int32)
+    layout = handle[capacity:capacity + layout_words].to(torch.int32)
+    sent = handle[capacity + layout_words:].to(torch.int32)
     return moe.combine_rows(me, expert_out.contiguous(), topk_weights.contiguous(),
-                            topk_idx.contiguous(), recv_src.contiguous(), recv_j, status, sent, num_experts,
+                            topk_idx.contiguous(), recv_src.contiguous(), recv_j, layout, sent, num_experts,
                             max_tokens_per_rank, capacity)
 
 

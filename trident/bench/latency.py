@@ -147,19 +147,24 @@ def _host_cases(ctx, small_only: bool):
 
 
 def _moe_cases(ctx) -> list:
-    """A decode-sized MoE dispatch and combine (128 tokens per rank, 8 in the simulator; bf16, hidden 256,
-    top-2 of 4 experts per rank, ``max_tokens_per_rank`` given: no host sync), on ``trident bench moe``'s inputs."""
+    """A decode-sized MoE dispatch and combine in each layout (128 tokens per rank, 8 in the simulator;
+    bf16, hidden 256, top-2 of 4 experts per rank, ``max_tokens_per_rank`` given: no host sync), on
+    ``trident bench moe``'s inputs."""
     tokens, hidden, k, experts = (8 if ctx.platform.simulator else 128), 256, 2, 4 * ctx.world_size
     x, _, _, idx, weights = moe.inputs(ctx, tokens, hidden, k, experts, seed=0)
-    dispatch = partial(trident.ops.moe_dispatch, ctx, x, idx, experts, max_tokens_per_rank=tokens)
-    latest: dict = {}
+    cases, latest = [], {}
+    for layout in ("contiguous", "masked"):
+        dispatch = partial(trident.ops.moe_dispatch, ctx, x, idx, experts, max_tokens_per_rank=tokens, layout=layout)
 
-    def combine():
-        if "d" not in latest:  # the combine needs the latest dispatch: one, at its first (warm-up) call
-            latest["d"] = dispatch()
-        return trident.ops.moe_combine(ctx, latest["d"].recv_x, weights, latest["d"])
+        def combine(dispatch=dispatch, layout=layout):
+            if layout not in latest:  # the combine needs the latest dispatch: one, at its first (warm-up) call
+                latest[layout] = dispatch()
+            return trident.ops.moe_combine(ctx, latest[layout].recv_x, weights, latest[layout])
 
-    return [(f"moe_dispatch {tokens} tokens", "moe", dispatch), (f"moe_combine {tokens} tokens", "moe", combine)]
+        name = "" if layout == "contiguous" else f" {layout}"
+        cases += [(f"moe_dispatch{name} {tokens} tokens", "moe", dispatch),
+                  (f"moe_combine{name} {tokens} tokens", "moe", combine)]
+    return cases
 
 
 def _round_trips(ctx, args, record) -> None:

@@ -7,6 +7,9 @@ the same run:
 * ``trident``: ``trident.ops.moe_dispatch`` (bf16, and fp8 e4m3 with [T, H/128] scales) with
   ``max_tokens_per_rank`` given (no host sync), then ``moe_combine`` (bf16) of the dispatched rows
   (identity experts); eagerly and inside a CUDA graph;
+* ``trident masked``: the same with ``layout="masked"`` (a region of ``W * T`` rows per local expert,
+  no count exchange: the decode path), at token counts up to ``--masked-tokens`` (its region grows
+  with ``W * T``);
 * ``torch``: the usual path over NCCL: each rank sorts its (token, j) rows by expert, sends the
   counts with ``all_to_all_single``, reads them on the host, sends the rows (with their expert ids
   and, for fp8, their scales) with ``all_to_all_single``; combine sends the rows back the same way
@@ -148,34 +151,41 @@ def _time(ctx, args, fn, row: dict, moved_bytes: int, graph: bool, floor: tuple[
     return rows
 
 
+def _layouts(args, tokens: int) -> tuple[str, ...]:
+    """The dispatch layouts timed at ``tokens`` per rank: the masked one only up to ``--masked-tokens``."""
+    return ("contiguous", "masked") if tokens <= args.masked_tokens else ("contiguous",)
+
+
 def _case(ctx, args, model: str, tokens: int) -> tuple[list[dict], bool]:
-    """Every row of one model and token count, and whether trident's combine gave the expected result."""
+    """Every row of one model and token count, and whether trident's combines gave the expected result."""
     hidden, k, experts = MODELS[model]
     x, x8, scales, idx, weights = inputs(ctx, tokens, hidden, k, experts, seed=tokens)
-    ops, graphs, rows = trident.ops, not ctx.platform.simulator, []
+    ops, graphs, rows, correct = trident.ops, not ctx.platform.simulator, [], True
     routed = _routed_rows(idx)
     base = {"model": model, "tokens": tokens}
     # The floor: the fewest bytes each op reads and writes (dispatch: its T rows in, every routed row out;
     # combine: every routed row in, T rows out), at the bandwidth of a same-run copy of the routed rows.
     bandwidth = copy_bandwidth(ctx, args, routed * hidden * 2)
     torch_path = TorchPath(ctx, experts) if ctx.platform.nccl_usable else None
-    for dtype, xs, sc in (("fp8", x8, scales), ("bf16", x, None)):  # bf16 last: the combine uses its result
-        row_bytes = hidden * xs.element_size() + (0 if sc is None else sc.shape[1] * 4)
-        row = {**base, "op": "dispatch", "dtype": dtype}
-        floor = ((tokens + routed) * row_bytes, bandwidth)
-        rows += _time(ctx, args, lambda xs=xs, sc=sc: ops.moe_dispatch(ctx, xs, idx, experts, x_scales=sc,
-                                                                      max_tokens_per_rank=tokens),
-                      {**row, "impl": "trident"}, routed * row_bytes, graphs, floor)
-        if torch_path is not None:
-            rows += _time(ctx, args, lambda xs=xs, sc=sc: torch_path.dispatch(xs, idx, sc), {**row, "impl": "torch"},
-                          routed * row_bytes, False, floor)
-    d = ops.moe_dispatch(ctx, x, idx, experts, max_tokens_per_rank=tokens)
-    row = {**base, "op": "combine", "dtype": "bf16"}
-    floor = ((routed + tokens) * hidden * 2, bandwidth)
-    rows += _time(ctx, args, lambda: ops.moe_combine(ctx, d.recv_x, weights, d), {**row, "impl": "trident"},
-                  routed * hidden * 2, graphs, floor)
-    got = ops.moe_combine(ctx, d.recv_x, weights, d).float()  # identity experts: x times its weights' sum
-    correct = bool(torch.allclose(got, x.float() * weights.sum(1, keepdim=True), rtol=3e-2, atol=3e-2))
+    for layout in _layouts(args, tokens):
+        impl = "trident" if layout == "contiguous" else f"trident {layout}"
+        for dtype, xs, sc in (("fp8", x8, scales), ("bf16", x, None)):  # bf16 last: the combine uses its result
+            row_bytes = hidden * xs.element_size() + (0 if sc is None else sc.shape[1] * 4)
+            row = {**base, "op": "dispatch", "dtype": dtype}
+            floor = ((tokens + routed) * row_bytes, bandwidth)
+            rows += _time(ctx, args, lambda xs=xs, sc=sc, layout=layout: ops.moe_dispatch(
+                ctx, xs, idx, experts, x_scales=sc, max_tokens_per_rank=tokens, layout=layout),
+                {**row, "impl": impl}, routed * row_bytes, graphs, floor)
+            if torch_path is not None and layout == "contiguous":
+                rows += _time(ctx, args, lambda xs=xs, sc=sc: torch_path.dispatch(xs, idx, sc),
+                              {**row, "impl": "torch"}, routed * row_bytes, False, floor)
+        d = ops.moe_dispatch(ctx, x, idx, experts, max_tokens_per_rank=tokens, layout=layout)
+        row = {**base, "op": "combine", "dtype": "bf16"}
+        floor = ((routed + tokens) * hidden * 2, bandwidth)
+        rows += _time(ctx, args, lambda d=d: ops.moe_combine(ctx, d.recv_x, weights, d), {**row, "impl": impl},
+                      routed * hidden * 2, graphs, floor)
+        got = ops.moe_combine(ctx, d.recv_x, weights, d).float()  # identity experts: x times its weights' sum
+        correct &= bool(torch.allclose(got, x.float() * weights.sum(1, keepdim=True), rtol=3e-2, atol=3e-2))
     if torch_path is not None:
         expert_out = torch_path.dispatch(x, idx)
         rows += _time(ctx, args, lambda: torch_path.combine(expert_out, weights), {**row, "impl": "torch"},
@@ -184,15 +194,15 @@ def _case(ctx, args, model: str, tokens: int) -> tuple[list[dict], bool]:
 
 
 def _presize(ctx, args) -> None:
-    """The largest case once, untimed (bf16 and fp8 dispatch, combine): the workspace takes its final
-    size first, as ``moe_heap_bytes`` assumes, and no buffer grows (leaving a hole) later."""
-    model = max(args.models, key=lambda m: _need(m, max(args.tokens), ctx.world_size))
-    hidden, k, experts = MODELS[model]
-    tokens = max(args.tokens)
-    x, x8, scales, idx, weights = inputs(ctx, tokens, hidden, k, experts, seed=0)
-    d = trident.ops.moe_dispatch(ctx, x, idx, experts, max_tokens_per_rank=tokens)  # bf16 first: the widest rows
-    trident.ops.moe_combine(ctx, d.recv_x, weights, d)
-    trident.ops.moe_dispatch(ctx, x8, idx, experts, x_scales=scales, max_tokens_per_rank=tokens)
+    """The largest case of each layout once, untimed (bf16 and fp8 dispatch, combine): the workspace
+    takes its final size first, as ``moe_heap_bytes`` assumes, and no buffer grows (leaving a hole) later."""
+    for layout, tokens in _largest(args):
+        model = max(args.models, key=lambda m: _need(m, tokens, ctx.world_size, layout))
+        hidden, k, experts = MODELS[model]
+        x, x8, scales, idx, weights = inputs(ctx, tokens, hidden, k, experts, seed=0)
+        d = trident.ops.moe_dispatch(ctx, x, idx, experts, max_tokens_per_rank=tokens, layout=layout)  # bf16 first
+        trident.ops.moe_combine(ctx, d.recv_x, weights, d)
+        trident.ops.moe_dispatch(ctx, x8, idx, experts, x_scales=scales, max_tokens_per_rank=tokens, layout=layout)
     ctx.barrier()
 
 
@@ -226,6 +236,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=["deepseek-v3"])
     parser.add_argument("--tokens", nargs="+", type=int, default=[128, 4096], help="tokens per rank")
     parser.add_argument("--graph-calls", type=int, default=10, help="calls captured in one CUDA graph")
+    parser.add_argument("--masked-tokens", type=int, default=256,
+                        help="time the masked layout (the decode path) at token counts up to this")
     arguments.add_common_args(parser, "moe", warmup=3, repeats=10)
     return parser.parse_args(argv)
 
@@ -236,15 +248,23 @@ def sim_sizes(args) -> None:
     args.repeats, args.warmup = min(args.repeats, 2), min(args.warmup, 1)
 
 
-def _need(model: str, tokens: int, world_size: int) -> int:
+def _largest(args) -> list[tuple[str, int]]:
+    """``(layout, tokens)`` of each layout's largest case."""
+    masked = [t for t in args.tokens if t <= args.masked_tokens]
+    return [("contiguous", max(args.tokens))] + ([("masked", max(masked))] if masked else [])
+
+
+def _need(model: str, tokens: int, world_size: int, layout: str) -> int:
     hidden, k, experts = MODELS[model]
-    return trident.ops.moe_heap_bytes(tokens, hidden, k, experts, world_size, torch.bfloat16, fp8_scales=True)
+    return trident.ops.moe_heap_bytes(tokens, hidden, k, experts, world_size, torch.bfloat16, fp8_scales=True,
+                                      layout=layout)
 
 
 def heap_bytes(args, world_size: int) -> int:
-    """The heap for the largest case: ``trident.ops.moe_heap_bytes`` (bf16 and fp8 with scales) and
-    256 MiB for everything else (16 MiB in the simulator, whose tiny model needs little)."""
-    need = max(_need(m, max(args.tokens), world_size) for m in args.models)
+    """The heap for the largest case of each layout: ``trident.ops.moe_heap_bytes`` (bf16 and fp8 with
+    scales), their sum (the two share buffers that the second grows: the first's room stays a hole),
+    and 256 MiB for everything else (16 MiB in the simulator, whose tiny model needs little)."""
+    need = sum(max(_need(m, tokens, world_size, layout) for m in args.models) for layout, tokens in _largest(args))
     return need + ((16 << 20) if SIMULATOR else (256 << 20))
 
 

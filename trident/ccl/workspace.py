@@ -33,7 +33,7 @@ class Workspace:
         # A faster rank must not signal into our sync slots before we have zeroed them.
         ctx.barrier()
 
-    def buffer(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    def buffer(self, name: str, numel: int, dtype: torch.dtype, zeroed: bool = False) -> torch.Tensor:
         """A symmetric scratch tensor of ``numel`` elements, flat (collective: every rank asks for
         the same size). Each name has its own buffer, which grows by powers of two when needed.
 
@@ -41,6 +41,8 @@ class Workspace:
             name: which buffer (e.g. ``"input"``, ``"scratch"``).
             numel: elements needed (0 is fine).
             dtype: their dtype.
+            zeroed: new memory (the first call's, and after each growth) is zeroed; fixed by the
+                name's first call.
 
         Returns:
             A view of the buffer's first ``numel`` elements.
@@ -51,7 +53,7 @@ class Workspace:
         """
         grower = self._buffers.get(name)
         if grower is None:
-            grower = self._buffers[name] = GrowingBuffer(self.ctx, what=f"its {name!r} staging buffer")
+            grower = self._buffers[name] = GrowingBuffer(self.ctx, zeroed, what=f"its {name!r} staging buffer")
         nbytes = numel * dtype.itemsize
         # A buffer that grows starts a new generation of the context's resources: the recorded
         # calls that launched on the old one are dropped (trident.calls.cache).

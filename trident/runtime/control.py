@@ -76,7 +76,7 @@ class ControlBlock:
         elif kind == layout.ERR_UNREACHABLE:
             message = describe_unreachable_fault(rank, peer, offset)
         elif kind == layout.ERR_CAPACITY:
-            message = describe_capacity_fault(rank, peer, expected, observed)
+            message = describe_capacity_fault(rank, peer, expected, observed, per_expert=offset > 0)
         elif kind == layout.ERR_OFFSETS_DIFFER:
             message = describe_offsets_fault(rank, peer, expected, observed)
         else:

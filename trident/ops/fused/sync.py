@@ -243,11 +243,14 @@ def wait_peers_ready(call, team):
 @triton.jit
 def finish_call(call, team):
     """Called by every program at its end, after its :func:`enter_call`; the last one to get here
-    completes the call and resets the finish counter for the next launch (see module doc).
+    completes the call and resets the finish counter for the next launch (see module doc). Returns
+    whether this program was that last one: when it returns True every peer's writes (stores and
+    atomics) into this rank have landed, so it may read what they wrote.
 
     Example::
 
-        finish_call(call, team)
+        if finish_call(call, team):   # the last program: every peer is done with this rank
+            total = tl.load(counter_ptr)
     """
     tl.debug_barrier()  # every thread's stores before the ticket's release
     ticket = tl.atomic_add(call.sync_ptr + _TICKET, 1, sem="acq_rel", scope="sys")
@@ -259,3 +262,4 @@ def finish_call(call, team):
         arrived = arrived_words(call, team)
         signal(arrived + team.rank + peers * 0, call.epoch, team.rank, peers, team.heap_bases, mask=is_peer)
         wait(arrived + peers, call.epoch, team.rank, team.rank, team.heap_bases, cmp="ge", mask=is_peer)
+    return ticket == tl.num_programs(0) - 1

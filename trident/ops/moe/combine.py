@@ -65,21 +65,21 @@ def moe_combine(ctx, expert_out: torch.Tensor, topk_weights: torch.Tensor, d: Mo
         fail(where, "d is not the latest moe_dispatch on this context: a later dispatch has reused its receive "
                      "buffers. Combine each dispatch before the next one", TridentError)
     h = d.handle
-    return combine_rows(ctx, expert_out, topk_weights, d.topk_idx, d.recv_src, h.recv_j, h.status, h.sent,
+    return combine_rows(ctx, expert_out, topk_weights, d.topk_idx, d.recv_src, h.recv_j, h.layout, h.sent,
                         d.num_experts, d.max_tokens_per_rank, d.capacity)
 
 
-def combine_rows(team, expert_out, topk_weights, topk_idx, recv_src, recv_j, status, sent, num_experts: int,
+def combine_rows(team, expert_out, topk_weights, topk_idx, recv_src, recv_j, layout, sent, num_experts: int,
                  max_tokens: int, capacity: int) -> torch.Tensor:
     """The combine of a dispatch given by its routing tensors (``recv_src``, ``recv_j``: which
-    token and which of its k choices each received row is; ``status``: the dispatch's counters;
-    ``sent``: where each of this rank's choices went), which may be copies: nothing here reads the
-    dispatch's receive buffers. Returns a new ``[T, H]``."""
+    token and which of its k choices each received row is; ``layout``: this rank's ``recv_offsets``
+    then ``recv_counts``, int32; ``sent``: where each of this rank's choices went), which may be
+    copies: nothing here reads the dispatch's receive buffers. Returns a new ``[T, H]``."""
     hidden = expert_out.shape[1] if isinstance(expert_out, torch.Tensor) and expert_out.dim() == 2 else 0
     tokens = topk_idx.shape[0]
     dtype = expert_out.dtype if isinstance(expert_out, torch.Tensor) else None
     out = torch.empty(tokens, hidden, dtype=dtype, device=team.device)
-    run_call(team, MOE_COMBINE, (expert_out, topk_weights, topk_idx, recv_src, recv_j, status, sent, out),
+    run_call(team, MOE_COMBINE, (expert_out, topk_weights, topk_idx, recv_src, recv_j, layout, sent, out),
              (num_experts, max_tokens, capacity))
     return out
 
@@ -98,7 +98,7 @@ def _check_combine(team, tensors, options) -> None:
 
 
 def _run_combine(team, rec, tensors, options) -> None:
-    expert_out, topk_weights, topk_idx, recv_src, recv_j, status, sent, out = tensors
+    expert_out, topk_weights, topk_idx, recv_src, recv_j, layout, sent, out = tensors
     num_experts, max_tokens, capacity = options
     (tokens, k), hidden = topk_idx.shape, expert_out.shape[1]
     # The staging rows of the push path; taken on every rank of a team of several (used or not: a rank
@@ -122,8 +122,8 @@ def _run_combine(team, rec, tensors, options) -> None:
     if team.world_size > 1:  # rows of other ranks' tokens go home first; at one rank every row is local
         rows = max(1, TILE_WORDS // block_h)
         rec.launch(moe_push_kernel, (max(1, team.platform.program_limit),), (
-            expert_out, staging, recv_src, recv_j, status,
-            (hidden, k, max_tokens, capacity),
+            expert_out, staging, recv_src, recv_j, layout,
+            (hidden, k, max_tokens, num_experts // team.world_size),
             sync, team.rank, team.world_size, team.heap_bases),
             dict(ROWS=rows, BLOCK_H=block_h, WORLD_BLOCK=world_block), num_warps=warps)
     if tokens:
@@ -136,7 +136,7 @@ def _run_combine(team, rec, tensors, options) -> None:
 
 
 #: The combine as the call pipeline runs it (operands: expert_out, topk_weights, topk_idx, recv_src,
-#: recv_j, status, sent, and the new output).
+#: recv_j, layout, sent, and the new output).
 MOE_COMBINE = Op("moe_combine", _check_combine, _run_combine,
                  refusal=lambda team: multinode.refuse(team, "moe_combine"),
                  facts=lambda tensors, options: (tensors[0].shape[1], tensors[2].shape[1], str(tensors[0].dtype),

@@ -55,6 +55,13 @@ STATE_KEY = "ops.moe"
 TILE_WORDS = 4096
 #: Most (token, j) rows one step of the dispatch moves.
 ROWS_PER_STEP = 16
+#: The masked layout's region (rows per local expert) when the ranks agree on the counts on the host
+#: (``max_tokens_per_rank=None``): the most rows an expert receives, rounded up to this (a GEMM tile's rows).
+MASKED_ROWS_ROUNDING = 64
+#: How ``recv_x`` is laid out: experts one after another, each as long as it needs ("contiguous"),
+#: or a fixed region of ``capacity`` rows per local expert, as DeepGEMM's masked grouped GEMMs read
+#: it ("masked": no count exchange, the decode path).
+LAYOUTS = ("contiguous", "masked")
 
 
 class DispatchCount:
@@ -68,11 +75,13 @@ class DispatchCount:
 class MoEHandle:
     """The routing a dispatch leaves for its combine (as DeepEP's handle): which of its token's k
     choices each received row is (``recv_j``, int32 ``[capacity]``), the dispatch's counters
-    (``status``, int64 ``[STATUS_WORDS]``), where each of this rank's choices went (``sent``, int32
+    (``status``, int64 ``[STATUS_WORDS]``), this rank's ``recv_offsets`` then ``recv_counts``
+    (``layout``, int32 ``[2 * E_local]``), where each of this rank's choices went (``sent``, int32
     ``[T * k]``: ``owner * capacity + slot``, -1 for none), the team it ran on and its call number there."""
 
     recv_j: torch.Tensor
     status: torch.Tensor
+    layout: torch.Tensor
     sent: torch.Tensor
     team: object
     call: int
@@ -84,7 +93,11 @@ class MoEDispatch:
 
     Rows are grouped by local expert: local expert ``e`` (global ``rank * E_local + e``) has rows
     ``recv_offsets[e] .. recv_offsets[e] + recv_counts[e]`` of ``recv_x``, one per (token, j) routed
-    to it from any rank, in an order of the call's choosing. Rows past the last expert's are unused.
+    to it from any rank, in an order of the call's choosing. In the contiguous layout the experts'
+    rows follow each other and rows past the last expert's are unused (``recv_src`` -1); in the
+    masked layout expert ``e``'s rows start at ``e * expert_capacity`` (``recv_x.view(E_local,
+    expert_capacity, H)`` is the ``[E, M, H]`` input of a masked grouped GEMM, ``recv_counts`` its
+    ``masked_m``) and the rest of its region is unused and not cleared.
 
     Attributes:
         recv_x: ``[capacity, H]``, x's dtype: the received token rows (a view of the heap workspace).
@@ -94,7 +107,9 @@ class MoEDispatch:
         recv_scales: ``[capacity, H / 128]`` float32, the rows' scales, for fp8 ``x``; else None.
         num_experts, num_local_experts: E and E / world_size.
         max_tokens_per_rank: the T every rank stays within (given, or agreed by the call).
-        capacity: rows of the receive buffers.
+        capacity: rows of the receive buffers (masked: ``E_local * expert_capacity``).
+        layout: ``"contiguous"`` or ``"masked"``.
+        expert_capacity: rows per local expert in the masked layout; None in the contiguous one.
         topk_idx: this rank's routing ``[T, k]`` (the caller's tensor, kept for the combine: do not
             change it in place before :func:`moe_combine`).
         handle: what the combine needs besides ``recv_src`` (:class:`MoEHandle`).
@@ -115,11 +130,13 @@ class MoEDispatch:
     capacity: int
     topk_idx: torch.Tensor
     handle: MoEHandle
+    layout: str = "contiguous"
+    expert_capacity: int | None = None
 
     def __repr__(self) -> str:
         return (f"MoEDispatch(recv_x={tuple(self.recv_x.shape)} {self.recv_x.dtype}, experts={self.num_experts} "
                 f"({self.num_local_experts} here), max_tokens_per_rank={self.max_tokens_per_rank}, "
-                f"capacity={self.capacity}, fp8 scales={self.recv_scales is not None})")
+                f"capacity={self.capacity}, layout={self.layout!r}, fp8 scales={self.recv_scales is not None})")
 
     def check(self) -> None:
         """Raise :class:`~trident.errors.CapacityError` if the call needed more rows than ``capacity``
@@ -133,8 +150,9 @@ class MoEDispatch:
         team: Any = self.handle.team
         getattr(team, "ctx", team).check()  # a fault the kernel recorded, raised and cleared
         needed, worst = self.handle.status[STATUS_NEEDED:STATUS_WORST + 1].tolist()
-        if needed > self.capacity:
-            raise CapacityError(describe_capacity_fault(team.rank, worst, self.capacity, needed))
+        bound = self.capacity if self.expert_capacity is None else self.expert_capacity
+        if needed > bound:
+            raise CapacityError(describe_capacity_fault(team.rank, worst, bound, needed, self.layout == "masked"))
 
 
 def fail(where: str, message: str, kind=ValueError):
@@ -149,7 +167,7 @@ def _check_int(where: str, name: str, value, low: int, optional: bool = True) ->
         fail(where, f"{name}={value!r} must be an int >= {low}{' or None' if optional else ''}")
 
 
-def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, capacity, x_scales) -> None:
+def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, capacity, x_scales, layout) -> None:
     check_tensor(where, "x", x, ctx.device, X_DTYPES, dims=2)
     check_tensor(where, "topk_idx", topk_idx, ctx.device, (torch.int64,), dims=2)
     tokens, hidden = x.shape
@@ -165,6 +183,8 @@ def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, c
     if max_tokens_per_rank is not None and tokens > max_tokens_per_rank:
         fail(where, f"x has {tokens} tokens, more than max_tokens_per_rank={max_tokens_per_rank}")
     _check_int(where, "capacity", capacity, 0)
+    if layout not in LAYOUTS:
+        fail(where, f"layout={layout!r} must be one of {LAYOUTS}")
     if x.dtype != torch.float8_e4m3fn:
         if x_scales is not None:
             fail(where, f"x_scales is only for float8_e4m3fn tokens; x is {x.dtype}")
@@ -177,23 +197,23 @@ def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, c
                      f"[{tokens}, {hidden / SCALE_BLOCK:g}] for x {tuple(x.shape)} (H a multiple of {SCALE_BLOCK})")
 
 
-def _agree(ctx, where: str, tokens: int, facts: tuple, sends: torch.Tensor) -> tuple[int, int]:
-    """``(largest T of any rank, most rows any rank receives)`` from one small host exchange, given this
-    rank's ``sends`` (int64 ``[W]``: rows it routes to each rank); also checks that every rank passed the
-    same sizes and options. Inside a group (no host store of its own): two small all-reduces."""
+def _agree(ctx, where: str, tokens: int, facts: tuple, sends: torch.Tensor) -> tuple[int, int, int]:
+    """``(largest T of any rank, most rows any receiver takes, that receiver)`` from one small host exchange, given this
+    rank's ``sends`` (int64: rows it routes to each receiver, a rank or an expert); also checks that every
+    rank passed the same sizes and options. Inside a group (no host store of its own): two small all-reduces."""
     if isinstance(ctx, Group):
         count = torch.tensor([tokens], dtype=torch.int64, device=ctx.device)
         all_reduce(ctx, count, op="max")
         into = sends.clone()
-        all_reduce(ctx, into)  # into[r]: rows every rank routes to rank r
-        return int(count.item()), int(into.max().item())
+        all_reduce(ctx, into)  # into[r]: rows every rank routes to receiver r
+        return int(count.item()), int(into.max().item()), int(into.argmax().item())
     everyone = ctx.all_gather_object("moe_dispatch tokens", (tokens, facts, sends.tolist()))
     if len({f for _, f, _ in everyone}) > 1:
         listing = "; ".join(f"rank {r}: {f}" for r, (_, f, _) in enumerate(everyone))
-        raise DivergenceError(f"{where}: ranks passed different (H, k, num_experts, dtype, capacity, scales): "
+        raise DivergenceError(f"{where}: ranks passed different (H, k, num_experts, dtype, capacity, scales, layout): "
                               f"{listing}")
-    received = [sum(s[r] for _, _, s in everyone) for r in range(ctx.world_size)]
-    return max(t for t, _, _ in everyone), max(received)
+    received = [sum(s[r] for _, _, s in everyone) for r in range(len(sends))]
+    return max(t for t, _, _ in everyone), max(received), received.index(max(received))
 
 
 def _word_dtype(row_bytes: int) -> torch.dtype:
@@ -203,7 +223,7 @@ def _word_dtype(row_bytes: int) -> torch.dtype:
 
 def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
                  max_tokens_per_rank: int | None = None, capacity: int | None = None,
-                 x_scales: torch.Tensor | None = None, group=None) -> MoEDispatch:
+                 x_scales: torch.Tensor | None = None, group=None, layout: str = "contiguous") -> MoEDispatch:
     """Send every token to the ranks of its top-k experts (collective): one kernel, no host sync.
 
     Args:
@@ -216,14 +236,20 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
             agree on their largest T through one small host exchange (and the call waits for the
             device to check the capacity). Given: nothing on the host waits, and the call can be
             captured in a CUDA graph.
-        capacity: rows of the receive buffer; default the worst case ``W * max_tokens_per_rank * k``
-            (a token may name one expert, or experts of one rank, in all its k slots). A smaller one
+        capacity: rows of the receive buffer (in the masked layout: rows per local expert, default
+            ``W * max_tokens_per_rank``, every token naming an expert at most once); default the worst
+            case ``W * max_tokens_per_rank * k`` (a token may name one expert, or experts of one rank,
+            in all its k slots). A smaller one
             that the routing overflows is an error (:class:`~trident.errors.CapacityError`), never a
             silent drop: raised by this call when ``max_tokens_per_rank`` is None (or in the
             simulator), else recorded on the device and raised by ``d.check()``, ``ctx.check()`` or
             ``ctx.barrier()``.
         x_scales: ``[T, H/128]`` float32 with fp8 ``x``: each row's scales travel with it.
         group: a group of ``ctx`` (``ctx.new_group``) to run over, or None for the whole world.
+        layout: ``"contiguous"`` (default: each expert's rows right after the previous expert's; the
+            ranks exchange their counts first) or ``"masked"`` (a fixed region of ``capacity`` rows
+            per local expert, ``[E_local, capacity, H]`` as masked grouped GEMMs take it, as DeepEP's
+            low-latency mode: senders claim slots at the owner, no count exchange; for decode).
 
     Returns:
         An :class:`MoEDispatch` (receive buffers, per-expert offsets and counts, origins).
@@ -233,35 +259,44 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
         d = trident.ops.moe_dispatch(ctx, x, topk_idx, num_experts=256, max_tokens_per_rank=128)
     """
     me = team(ctx, group)
-    rec = run_call(me, MOE_DISPATCH, (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity))
+    rec = run_call(me, MOE_DISPATCH, (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity, layout))
     state = me.resource(STATE_KEY, DispatchCount)
     state.calls += 1
     got = rec.memo
-    return MoEDispatch(got["recv_x"].view(x.dtype), got["offsets"], got["recv_counts"], got["recv_src"],
+    offsets, recv_counts = got["layout"].view(2, got["experts_local"])
+    masked = layout == "masked"
+    return MoEDispatch(got["recv_x"].view(x.dtype), offsets, recv_counts, got["recv_src"],
                        got["recv_scales"] if x_scales is not None else None, num_experts, got["experts_local"],
                        got["max_tokens"], got["rows"], topk_idx,
-                       MoEHandle(got["recv_j"], got["status"], got["sent"][:x.shape[0] * topk_idx.shape[1]], me,
-                                 state.calls))
+                       MoEHandle(got["recv_j"], got["status"], got["layout"],
+                                 got["sent"][:x.shape[0] * topk_idx.shape[1]], me, state.calls),
+                       layout, got["rows"] // got["experts_local"] if masked else None)
 
 
 def _check_dispatch_call(team, tensors, options) -> None:
-    (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity) = tensors, options
+    (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity, layout) = tensors, options
     _check_dispatch(team, f"{team.who()}: moe_dispatch", x, topk_idx, num_experts, max_tokens_per_rank,
-                    capacity, x_scales)
+                    capacity, x_scales, layout)
 
 
 def _run_dispatch(team, rec, tensors, options) -> None:
-    (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity) = tensors, options
+    (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity, layout) = tensors, options
     ctx, where = team, f"{team.who()}: moe_dispatch"
     (tokens, hidden), k, world = x.shape, topk_idx.shape[1], ctx.world_size
-    facts = (hidden, k, num_experts, str(x.dtype), capacity, x_scales is not None)
+    facts = (hidden, k, num_experts, str(x.dtype), capacity, x_scales is not None, layout)
     experts_local = num_experts // world
+    masked = layout == "masked"
     if max_tokens_per_rank is None:  # the host exchange sizes the receive buffer by the real counts
         valid = topk_idx[(topk_idx >= 0) & (topk_idx < num_experts)]
-        sends = torch.bincount(torch.div(valid, experts_local, rounding_mode="floor"), minlength=world)
-        max_tokens, received = _agree(ctx, where, tokens, facts, sends)
+        # Rows per receiving rank, or per expert in the masked layout (a region each).
+        bins = valid if masked else torch.div(valid, experts_local, rounding_mode="floor")
+        sends = torch.bincount(bins, minlength=num_experts if masked else world)
+        max_tokens, received, busiest = _agree(ctx, where, tokens, facts, sends)
+        if masked and capacity is not None and received > capacity:  # every rank knows: nothing is sent
+            raise CapacityError(describe_capacity_fault(ctx.rank, busiest // experts_local, capacity, received, True))
         if capacity is None:
-            capacity = prefill_capacity(received)
+            capacity = -(-max(received, 1) // MASKED_ROWS_ROUNDING) * MASKED_ROWS_ROUNDING if masked else \
+                prefill_capacity(received)
     else:
         max_tokens = int(max_tokens_per_rank)
         ctx.agree_in_debug("moe_dispatch", *facts, max_tokens)
@@ -270,7 +305,10 @@ def _run_dispatch(team, rec, tensors, options) -> None:
         ctx.agree_in_debug("moe_dispatch: topk_idx ids outside [-1, num_experts)", bad)
         if bad:
             fail(where, f"topk_idx holds ids outside [-1, {num_experts}): {bad}")
-    rows = default_capacity(world, max_tokens, k) if capacity is None else int(capacity)
+    if masked:  # a region per local expert: W * M rows holds every token naming it at most once
+        rows = experts_local * (world * max_tokens if capacity is None else int(capacity))
+    else:
+        rows = default_capacity(world, max_tokens, k) if capacity is None else int(capacity)
     # Every buffer is asked for on every rank with the same size (collective), in the same order.
     ws = workspace(ctx)
     word = _word_dtype(hidden * x.element_size())
@@ -280,18 +318,23 @@ def _run_dispatch(team, rec, tensors, options) -> None:
     recv_scales = ws.buffer("moe.recv_scales", rows * scale_cols, torch.float32).view(rows, scale_cols)
     recv_src = ws.buffer("moe.recv_src", rows, torch.int64)
     recv_j = ws.buffer("moe.recv_j", rows, torch.int32)
-    counts = ws.buffer("moe.counts", world * num_experts, torch.int32)
+    if masked:  # the cursors senders claim slots at; zero between calls (the kernel resets them)
+        counts = ws.buffer("moe.cursors", experts_local, torch.int32, zeroed=True)
+    else:
+        counts = ws.buffer("moe.counts", world * num_experts, torch.int32)
     local = ws.buffer("moe.local", 2 * num_experts + 2 * experts_local + max_tokens * k, torch.int32)
-    offsets, recv_counts = local[2 * num_experts:2 * num_experts + 2 * experts_local].view(2, experts_local)
     sent = local[2 * num_experts + 2 * experts_local:]  # where each (token, j) went: the combine's map
     status = ws.buffer("moe.status", STATUS_WORDS, torch.int64)
     sync = sync_block(ctx, world + 1)  # flags: the count rows and the layout
-    rec.memo.update(recv_x=recv_words, recv_scales=recv_scales, recv_src=recv_src, recv_j=recv_j, offsets=offsets,
-                    recv_counts=recv_counts, status=status, sent=sent, experts_local=experts_local,
-                    max_tokens=max_tokens, rows=rows)
+    rec.memo.update(recv_x=recv_words, recv_scales=recv_scales, recv_src=recv_src, recv_j=recv_j,
+                    layout=local[2 * num_experts:2 * num_experts + 2 * experts_local], status=status, sent=sent,
+                    experts_local=experts_local, max_tokens=max_tokens, rows=rows)
     if max_tokens == 0:  # no rank has a token (every rank knows): nothing to send
         rec.every_replay(local.zero_)
         rec.every_replay(status.zero_)
+        if masked:  # the regions still start where the layout says
+            starts = torch.arange(experts_local, dtype=torch.int32, device=ctx.device) * (rows // experts_local)
+            rec.every_replay(lambda: local[2 * num_experts:2 * num_experts + experts_local].copy_(starts))
     else:
         block_r = min(triton.next_power_of_2(row_words), 1024)
         pairs = min(ROWS_PER_STEP, max(1, TILE_WORDS // block_r))  # rows a step moves: a tile of ~TILE_WORDS
@@ -305,12 +348,13 @@ def _run_dispatch(team, rec, tensors, options) -> None:
             dict(BLOCKS=(triton.next_power_of_2(num_experts), pairs,  # E_BLOCK, PAIRS
                          min(1024, triton.next_power_of_2(max(max_tokens * k, 16))), block_r,  # CHUNK, BLOCK_R
                          triton.next_power_of_2(max(scale_cols, 1))),  # BLOCK_S
-                 REPORT=max_tokens_per_rank is not None, WORLD_BLOCK=triton.next_power_of_2(world)),
+                 OPTIONS=(max_tokens_per_rank is not None, masked), WORLD_BLOCK=triton.next_power_of_2(world)),
             num_warps=4 if block_r <= 512 else 8)
     if max_tokens_per_rank is None:  # this call synchronises anyway: check the capacity now
         needed, worst = status[STATUS_NEEDED:STATUS_WORST + 1].tolist()
-        if needed > rows:
-            raise CapacityError(describe_capacity_fault(ctx.rank, worst, rows, needed))
+        bound = rows // experts_local if masked else rows
+        if needed > bound:
+            raise CapacityError(describe_capacity_fault(ctx.rank, worst, bound, needed, masked))
     elif ctx.platform.simulator:  # the kernel recorded any overflow; the simulator raises faults at once
         world_ctx = getattr(ctx, "ctx", ctx)
         rec.every_replay(world_ctx.check)
@@ -323,5 +367,5 @@ MOE_DISPATCH = Op("moe_dispatch", _check_dispatch_call, _run_dispatch,
                   cacheable=lambda options: options[1] is not None)
 
 
-__all__ = ["moe_dispatch", "MoEDispatch", "MoEHandle", "MOE_DISPATCH", "X_DTYPES", "SCALE_BLOCK", "MAX_EXPERTS",
-           "STATUS_WORDS"]
+__all__ = ["moe_dispatch", "MoEDispatch", "MoEHandle", "MOE_DISPATCH", "LAYOUTS", "X_DTYPES", "SCALE_BLOCK",
+           "MAX_EXPERTS", "STATUS_WORDS"]

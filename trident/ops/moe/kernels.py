@@ -42,7 +42,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...device import load, signal, store, wait
+from ...device import atomic_add, load, signal, store, wait
 from ...device.bundles import Team
 from ...device.memory import control_block, record_fault
 from ...device.words import ERR_CAPACITY
@@ -121,13 +121,17 @@ def _plan(topk_ptr, counts_ptr, local_ptr, status_ptr, sizes, call, team,
 
 @triton.jit
 def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team,
-               PAIRS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+               PAIRS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, MASKED: tl.constexpr):
     """Store this program's (token, j) choices into their experts' owners' buffers, ``PAIRS`` choices
     a step (steps ``me, me + programs, ...`` over the ``tokens * k`` choices): every lane of a step
     takes its row's slot at the owner (an atomic add on the expert's cursor), then the step moves its
     rows as one ``PAIRS x BLOCK_R`` block a column chunk at a time, each lane-row to its own owner.
     ``recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr)`` (``sent``: local,
-    where each choice went); ``sizes`` is the kernel's."""
+    where each choice went); ``sizes`` is the kernel's.
+
+    Contiguous layout: the cursors are this rank's (the planner set them to where its rows for each
+    expert start). Masked layout: a cursor per local expert at its owner, which every sender claims
+    slots from (an atomic add there), inside the expert's fixed region of ``capacity / E_local`` rows."""
     tokens, row_words, scale_words, k, experts_local, max_tokens, capacity = sizes
     recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr = recv
     rank, heap_bases = team.rank, team.heap_bases
@@ -140,8 +144,22 @@ def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team,
         listed = choice < choices
         ids = tl.load(topk_ptr + choice, mask=listed, other=-1)
         valid = listed & (ids >= 0) & (ids < experts)
-        slots = tl.atomic_add(cursor_ptr + tl.where(valid, ids, 0), 1, mask=valid, sem="relaxed", scope="gpu")
-        keep = valid & (slots < capacity)  # past the capacity: not delivered, reported (status words)
+        if MASKED:  # the slot inside the expert's region, claimed at its owner
+            owners = tl.where(valid, ids // experts_local, rank).to(tl.int32)
+            expert = tl.where(valid, ids % experts_local, 0)
+            region = capacity // experts_local
+            claimed = atomic_add(cursor_ptr + expert, 1, rank, owners, heap_bases, mask=valid, sem="relaxed")
+            keep = valid & (claimed < region)  # past the region: not delivered, reported here and by the owner
+            over = tl.where(valid & ~keep, claimed + 1, 0)
+            if tl.max(over, axis=0) > 0:  # the sender's rows are lost too: its combine must not pass silently
+                lane = tl.argmax(over, axis=0)
+                owner = tl.sum(tl.where(lanes == lane, owners, 0), axis=0)
+                record_fault(control_block(rank, heap_bases), ERR_CAPACITY, rank, owner, 1, region,
+                             tl.max(over, axis=0))
+            slots = expert * region + claimed
+        else:
+            slots = tl.atomic_add(cursor_ptr + tl.where(valid, ids, 0), 1, mask=valid, sem="relaxed", scope="gpu")
+            keep = valid & (slots < capacity)  # past the capacity: not delivered, reported (status words)
         dests = tl.where(keep, ids // experts_local, rank).to(tl.int32)
         slots = tl.where(keep, slots, 0).to(tl.int64)
         token = choice // k
@@ -164,15 +182,42 @@ def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team,
 
 
 @triton.jit
+def _close_masked(cursor_ptr, layout_ptr, status_ptr, sizes, rank, heap_bases,
+                  E_BLOCK: tl.constexpr, REPORT: tl.constexpr):
+    """The masked layout's end, by the call's last program once every peer is done with this rank:
+    local expert ``e`` received what the senders claimed at its cursor (clamped to its region), from
+    row ``e * region``; the cursors go back to 0 for the next call (whose claims come after this
+    rank's next READY); an expert that needed more rows than its region is reported.
+    ``layout_ptr``: this rank's ``recv_offsets`` then ``recv_counts``."""
+    _, _, _, _, experts_local, _, capacity = sizes
+    region = capacity // experts_local
+    e = tl.arange(0, E_BLOCK)
+    in_e = e < experts_local
+    claimed = tl.atomic_xchg(cursor_ptr + e, 0, mask=in_e, sem="relaxed", scope="gpu")  # read at L2, and reset
+    claimed = tl.where(in_e, claimed, 0)
+    got = tl.minimum(claimed, region)
+    tl.store(layout_ptr + e, e * region, mask=in_e)
+    tl.store(layout_ptr + experts_local + e, got, mask=in_e)
+    needed = tl.max(claimed, axis=0)
+    tl.store(status_ptr + _RECEIVED, tl.sum(got, axis=0).to(tl.int64))
+    tl.store(status_ptr + _NEEDED, needed.to(tl.int64))
+    tl.store(status_ptr + _WORST, (needed * 0 + rank).to(tl.int64))
+    if REPORT:  # offset 1: the masked layout's message
+        if needed > region:
+            record_fault(control_block(rank, heap_bases), ERR_CAPACITY, rank, rank, 1, region, needed)
+
+
+@triton.jit
 def moe_dispatch_kernel(
     x_ptr, scales_ptr, topk_ptr,                                # my tokens (row_words words a row), scales, routing
     recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr,      # the receive buffers on the heap, `capacity` rows each
-    counts_ptr, local_ptr, status_ptr,                          # counts [W, E] on the heap; the rest local
+    counts_ptr, local_ptr, status_ptr,                          # counts [W, E] (masked: cursors [E_local]) on the heap
     sizes,                     # (tokens, row_words, scale_words, k, experts_local, max_tokens, capacity)
     sync_ptr,
     rank, world_size, heap_bases,
     BLOCKS: tl.constexpr,      # (E_BLOCK, PAIRS, CHUNK, BLOCK_R, BLOCK_S)
-    REPORT: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+    OPTIONS: tl.constexpr,     # (REPORT: record a capacity fault, MASKED: the masked layout)
+    WORLD_BLOCK: tl.constexpr,
 ):
     """Send every (token, j) with a valid expert to the expert's owner (see the module doc).
 
@@ -185,61 +230,78 @@ def moe_dispatch_kernel(
     CHUNK: tl.constexpr = BLOCKS[2]
     BLOCK_R: tl.constexpr = BLOCKS[3]
     BLOCK_S: tl.constexpr = BLOCKS[4]
-    capacity = sizes[6]
+    REPORT: tl.constexpr = OPTIONS[0]
+    MASKED: tl.constexpr = OPTIONS[1]
+    capacity, experts_local = sizes[6], sizes[4]
+    layout_ptr = local_ptr + 2 * world_size * experts_local  # recv_offsets, recv_counts, then the map
+    recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, layout_ptr + 2 * experts_local)
     team = Team(rank, world_size, heap_bases)
     call, me = enter_call(sync_ptr, recv_x_ptr, team, WORLD_BLOCK)
-    flags = flag_words(call, team)  # [0, W): the count rows' flags; W: the layout (local)
-    # The count exchange is the entry handshake: a peer's count row comes after its READY (the same
-    # program releases both), and only the planner touches the count matrix, which every peer has
-    # done reading when its last call ended (finish_call). So the planner starts at once, and the
-    # READY every program then acquires is already there: no round trip of its own.
-    if me == 0:
-        _plan(topk_ptr, counts_ptr, local_ptr, status_ptr, sizes, call, team, E_BLOCK, CHUNK, REPORT)
-        signal(flags + world_size, call.epoch, rank, rank, heap_bases, scope="gpu")
+    if MASKED:
+        # No planner, no count exchange: a sender claims its slots at the owner's cursors, which the
+        # owner reset at the end of its last call, before its READY of this one.
+        team = wait_peers_ready(call, team)
+        _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, counts_ptr, sizes, team, PAIRS, BLOCK_R, BLOCK_S, True)
+        if finish_call(call, team):  # every sender's claims and rows into this rank have landed
+            _close_masked(counts_ptr, layout_ptr, status_ptr, sizes, rank, heap_bases, E_BLOCK, REPORT)
     else:
-        wait(flags + world_size, call.epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
-    team = wait_peers_ready(call, team)  # and the receive buffers lie where this rank's do (symmetry check)
-    # Rows no peer fills this call say so: recv_src = -1.
-    unused = tl.minimum(tl.load(status_ptr + _RECEIVED), capacity)
-    for start in range(unused + me * _FILL, capacity, tl.num_programs(0) * _FILL):
-        offs = start + tl.arange(0, _FILL)
-        tl.store(recv_src_ptr + offs, tl.full([_FILL], -1, tl.int64), mask=offs < capacity)
-    sent_ptr = local_ptr + 2 * world_size * sizes[4] + 2 * sizes[4]  # after the offsets and counts
-    recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr)
-    _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, local_ptr, sizes, team, PAIRS, BLOCK_R, BLOCK_S)
-    finish_call(call, team)
+        flags = flag_words(call, team)  # [0, W): the count rows' flags; W: the layout (local)
+        # The count exchange is the entry handshake: a peer's count row comes after its READY (the same
+        # program releases both), and only the planner touches the count matrix, which every peer has
+        # done reading when its last call ended (finish_call). So the planner starts at once, and the
+        # READY every program then acquires is already there: no round trip of its own.
+        if me == 0:
+            _plan(topk_ptr, counts_ptr, local_ptr, status_ptr, sizes, call, team, E_BLOCK, CHUNK, REPORT)
+            signal(flags + world_size, call.epoch, rank, rank, heap_bases, scope="gpu")
+        else:
+            wait(flags + world_size, call.epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
+        team = wait_peers_ready(call, team)  # and the receive buffers lie where this rank's do (symmetry check)
+        # Rows no peer fills this call say so: recv_src = -1.
+        unused = tl.minimum(tl.load(status_ptr + _RECEIVED), capacity)
+        for start in range(unused + me * _FILL, capacity, tl.num_programs(0) * _FILL):
+            offs = start + tl.arange(0, _FILL)
+            tl.store(recv_src_ptr + offs, tl.full([_FILL], -1, tl.int64), mask=offs < capacity)
+        _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, local_ptr, sizes, team, PAIRS, BLOCK_R, BLOCK_S, False)
+        finish_call(call, team)
 
 
 @triton.jit
 def moe_push_kernel(
-    expert_ptr, staging_ptr, recv_src_ptr, recv_j_ptr, status_ptr,  # my expert rows; every home's staging
-    sizes,                                                          # (hidden, k, max_tokens, capacity)
+    expert_ptr, staging_ptr, recv_src_ptr, recv_j_ptr, layout_ptr,  # my expert rows; every home's staging
+    sizes,                                                          # (hidden, k, max_tokens, experts_local)
     sync_ptr,
     rank, world_size, heap_bases,
     ROWS: tl.constexpr, BLOCK_H: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
     """The combine's first step, between ranks: every received row whose token lives on another rank
-    goes into row ``t * k + j`` of that rank's staging (``[M * k, H]``), ``ROWS`` rows a step. No flag
-    per row: when this kernel ends on a rank, every peer's rows into it have landed (``finish_call``)."""
-    hidden, k, max_tokens, capacity = sizes
+    goes into row ``t * k + j`` of that rank's staging (``[M * k, H]``), ``ROWS`` rows a step. The
+    rows are local expert ``e``'s ``recv_offsets[e] ..`` ``+ recv_counts[e]`` (``layout_ptr``: the
+    offsets, then the counts), in either layout; block ``b`` of expert ``e`` is program ``(e + b) %
+    programs``'s, so that small experts spread over the programs. No flag per row: when this kernel
+    ends on a rank, every peer's rows into it have landed (``finish_call``)."""
+    hidden, k, max_tokens, experts_local = sizes
     team = Team(rank, world_size, heap_bases)
     call, me = enter_call(sync_ptr, staging_ptr, team, WORLD_BLOCK)
     team = wait_peers_ready(call, team)  # every home has finished reading its staging of the last call
-    received = tl.minimum(tl.load(status_ptr + _RECEIVED), capacity)
     lanes, cols = tl.arange(0, ROWS), tl.arange(0, BLOCK_H)
-    for start in range(me * ROWS, received, tl.num_programs(0) * ROWS):
-        slot = start + lanes
-        src = tl.load(recv_src_ptr + slot, mask=slot < received, other=-1)
-        home = (src // max_tokens).to(tl.int32)
-        remote = (src >= 0) & (home != rank)  # a row of my own tokens stays where its expert wrote it
-        home = tl.where(remote, home, rank)
-        row = tl.where(remote, (src % max_tokens) * k + tl.load(recv_j_ptr + slot, mask=remote, other=0), 0)
-        for c in range(0, hidden, BLOCK_H):
-            offs = c + cols
-            mask = remote[:, None] & (offs < hidden)[None, :]
-            values = tl.load(expert_ptr + tl.cast(slot, tl.int64)[:, None] * hidden + offs[None, :], mask=mask)
-            store(staging_ptr + row[:, None] * hidden + offs[None, :], values, rank, home[:, None],
-                  team.heap_bases, mask=mask)
+    programs = tl.num_programs(0)
+    for e in range(experts_local):
+        first = tl.load(layout_ptr + e)
+        count = tl.load(layout_ptr + experts_local + e)
+        for b in range((me + programs - e % programs) % programs, tl.cdiv(count, ROWS), programs):
+            in_expert = b * ROWS + lanes
+            slot = first + in_expert
+            src = tl.load(recv_src_ptr + slot, mask=in_expert < count, other=-1)
+            home = (src // max_tokens).to(tl.int32)
+            remote = (src >= 0) & (home != rank)  # a row of my own tokens stays where its expert wrote it
+            home = tl.where(remote, home, rank)
+            row = tl.where(remote, (src % max_tokens) * k + tl.load(recv_j_ptr + slot, mask=remote, other=0), 0)
+            for c in range(0, hidden, BLOCK_H):
+                offs = c + cols
+                mask = remote[:, None] & (offs < hidden)[None, :]
+                values = tl.load(expert_ptr + tl.cast(slot, tl.int64)[:, None] * hidden + offs[None, :], mask=mask)
+                store(staging_ptr + row[:, None] * hidden + offs[None, :], values, rank, home[:, None],
+                      team.heap_bases, mask=mask)
     finish_call(call, team)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import layout
+from ... import layout as heap_layout
 from ...ccl.kernels import sync_words as ccl_sync_words
 from ..fused.sync import sync_words
 from .kernels import STATUS_WORDS
@@ -56,7 +56,7 @@ def prefill_capacity(received_rows: int) -> int:
 
 
 def _aligned(nbytes: int) -> int:
-    return (int(nbytes) + layout.ALLOC_ALIGN - 1) // layout.ALLOC_ALIGN * layout.ALLOC_ALIGN
+    return (int(nbytes) + heap_layout.ALLOC_ALIGN - 1) // heap_layout.ALLOC_ALIGN * heap_layout.ALLOC_ALIGN
 
 
 def _block(nbytes: int) -> int:
@@ -66,7 +66,7 @@ def _block(nbytes: int) -> int:
 
 def moe_heap_bytes(tokens_per_rank: int, hidden: int, topk: int, num_experts: int, world_size: int,
                    dtype: torch.dtype = torch.bfloat16, fp8_scales: bool = False, capacity: int | None = None,
-                   combine_dtype: torch.dtype | None = None) -> int:
+                   combine_dtype: torch.dtype | None = None, layout: str = "contiguous") -> int:
     """Heap bytes that ``moe_dispatch`` and ``moe_combine`` need at these sizes (per rank, the same on all).
 
     Each buffer is rounded up to a power of two (the workspace grows that way), and the control
@@ -78,8 +78,11 @@ def moe_heap_bytes(tokens_per_rank: int, hidden: int, topk: int, num_experts: in
         dtype: the widest token dtype dispatched (bf16 by default; fp8 rows are half as wide).
         fp8_scales: whether fp8 rows with ``x_scales`` are dispatched too (their scales buffer).
         capacity: the ``capacity`` passed to ``moe_dispatch``; None: the default
-            (:func:`default_capacity`).
+            (:func:`default_capacity`; in the masked layout ``world_size * tokens_per_rank`` rows per
+            local expert).
         combine_dtype: ``expert_out``'s dtype in ``moe_combine``; None: ``dtype`` (bf16 for fp8).
+        layout: ``moe_dispatch``'s ``layout``: ``"contiguous"`` or ``"masked"`` (a region of
+            ``capacity`` rows per local expert, and the slot cursors instead of the count matrix).
 
     Returns:
         Bytes, to add to what the program allocates itself when choosing ``trident.init(heap_size=)``.
@@ -90,7 +93,11 @@ def moe_heap_bytes(tokens_per_rank: int, hidden: int, topk: int, num_experts: in
 
         need = trident.ops.moe_heap_bytes(4096, 7168, 8, 256, 8, fp8_scales=True)   # about 4.6 GiB
     """
-    rows = default_capacity(world_size, tokens_per_rank, topk) if capacity is None else int(capacity)
+    experts_local = num_experts // world_size
+    if layout == "masked":
+        rows = experts_local * (world_size * tokens_per_rank if capacity is None else int(capacity))
+    else:
+        rows = default_capacity(world_size, tokens_per_rank, topk) if capacity is None else int(capacity)
     token_bytes = torch.empty((), dtype=dtype).element_size()
     out_bytes = torch.empty((), dtype=combine_dtype or (torch.bfloat16 if token_bytes == 1 else dtype)).element_size()
     staged = tokens_per_rank * topk
@@ -98,15 +105,15 @@ def moe_heap_bytes(tokens_per_rank: int, hidden: int, topk: int, num_experts: in
         rows * hidden * token_bytes,                                        # recv_x
         rows * (hidden // SCALE_BLOCK) * 4 if fp8_scales else 0,            # recv_scales (fp32)
         rows * 8, rows * 4,                                                 # recv_src (int64), recv_j (int32)
-        world_size * num_experts * 4,                                       # count matrix
-        (2 * num_experts + 2 * (num_experts // world_size) + staged) * 4,   # cursors, offsets, counts, map
+        (experts_local if layout == "masked" else world_size * num_experts) * 4,  # cursors or count matrix
+        (2 * num_experts + 2 * experts_local + staged) * 4,                 # cursors, offsets, counts, map
         STATUS_WORDS * 8,                                                   # status words
         sync_words(world_size, world_size + 1) * 8,                         # sync block
     ]
     if world_size > 1:
         buffers.append(staged * hidden * out_bytes)                         # combine staging (rows pushed home)
     fixed = [ccl_sync_words(world_size) * 8, 3 * world_size * 8]            # collectives' sync block, table
-    return layout.CONTROL_BYTES + sum(_block(b) for b in buffers) + sum(_aligned(b) for b in fixed)
+    return heap_layout.CONTROL_BYTES + sum(_block(b) for b in buffers) + sum(_aligned(b) for b in fixed)
 
 
 __all__ = ["default_capacity", "prefill_capacity", "moe_heap_bytes", "PREFILL_ROWS_ROUNDING"]
