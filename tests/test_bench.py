@@ -6,6 +6,7 @@ then writes the JSON and PNG files that ``trident bench`` writes. Some tests go 
 (in the simulator), and one runs a small suite (``trident.bench.suite``).
 """
 
+import glob
 import json
 import os
 import subprocess
@@ -467,3 +468,32 @@ def test_host_anatomy_script_says_it_needs_a_gpu():
     proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "host_anatomy.py")], capture_output=True,
                           text=True, timeout=120, env=script_env(), cwd=root)
     assert proc.returncode != 0 and "run it on a GPU" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_auto_table_rules_keep_a_choice_within_the_tolerance_and_start_at_zero():
+    from trident.bench import auto_table
+
+    assert auto_table.gpu_model("NVIDIA H200") == "H200" and auto_table.gpu_model("NVIDIA H100 80GB HBM3") == "H100"
+    times = {100: {"a": 1.0, "b": 1.3}, 50: {"a": 1.01, "b": 1.0}, 10: {"a": 2.0, "b": 1.0}}
+    assert auto_table.rules(times) == [(50, "a"), (0, "b")]  # at 50, 'a' is within 2% of 'b'
+    assert auto_table.rules(times, tolerance=0.0) == [(100, "a"), (0, "b")]
+    assert auto_table.rules({7: {"baseline": 1.0}}) == [(0, "baseline")] and auto_table.rules({}) == []
+
+
+def test_auto_never_runs_a_pattern_slower_than_the_fastest_measured_on_this_machine_kind():
+    """Issue 33: until several-GPU tables exist, ``auto`` runs, at every op, GPU model and world size
+    with saved results (docs/results: one H200 at one rank), the fastest pattern or one within 2%.
+    Before the all_gather_gemm table was filled from them it ran ``baseline``, 4% slower."""
+    from trident.bench import auto_table
+    from trident.platform import Platform
+
+    results = sorted(glob.glob(os.path.join(ROOT, "docs/results/h200-*")))
+    found, compared = auto_table.tables(auto_table.load(results))
+    assert {op for op, _, _ in found} == {"gemm_all_scatter", "all_gather_gemm", "gemm_reduce_scatter"}
+    slow = [r for r in compared if r["auto_over_fastest"] is None or r["auto_over_fastest"] > 1.02]
+    assert not slow, slow
+    assert auto_table.main([*results, "--check"]) == 0
+    import trident.ops
+
+    one_h200 = Platform("cuda", torch.device("cuda", 0), 132, "NVIDIA H200", 1, 1)
+    assert trident.ops.OPS["all_gather_gemm"].choose(one_h200, 4096 ** 3) == "fused_sequential"

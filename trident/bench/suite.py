@@ -100,6 +100,8 @@ XDIST = ("-n", "5", "--dist", "loadfile", "--no-loadscope-reorder") if importlib
 INFO = Step("info", ("{py}", "-m", "trident", "info"), 60)
 #: Markdown tables of every results record the suite wrote (for docs/figures.md).
 SUMMARY = Step("summary", ("{py}", "-m", "trident.bench.summary", "{out}"), 60)
+#: The fused ops' ``auto`` rules from the suite's fused-op records, and whether ``auto`` runs the fastest.
+AUTO_TABLE = Step("auto_table", ("{py}", "-m", "trident.bench.auto_table", "{out}", "--check"), 60)
 
 
 def _examples(ranks: tuple[int, ...] = (2, 4)) -> list[Step]:
@@ -135,7 +137,7 @@ SUITES: dict[str, list[Step]] = {
     "fused-ops": [INFO] + [bench(b.replace("-", "_"), b, 1, "--trace", limit=150)
                            for b in ("gemm-all-scatter", "all-gather-gemm", "gemm-reduce-scatter")]
                  + [bench("gemm_all_scatter_2", "gemm-all-scatter", 2, "--shapes", "1024x1536x2048", "--repeats", "3",
-                          "--trace", limit=90)],
+                          "--trace", limit=90), AUTO_TABLE],
     # The device API's bandwidth: p2p, all-load, all-store at 2 and 4 ranks, a traced kernel, device-api.
     "p2p": _p2p(),
     # The collectives against NCCL at 2 and 4 ranks.
@@ -161,7 +163,7 @@ SUITES: dict[str, list[Step]] = {
                  script("host_anatomy", "benchmarks/host_anatomy.py", 1, "--out", "{out}/host_anatomy", limit=90),
                  bench("moe_1", "moe", 1, "--tokens", "128", "4096", limit=150),
                  bench("tp_layer_1", "tp-layer", 1, "--models", "8b", "--tokens", "1", "32", limit=90),
-                 bench("gemm_all_scatter_1", "gemm-all-scatter", 1, limit=120), SUMMARY],
+                 bench("gemm_all_scatter_1", "gemm-all-scatter", 1, limit=120), AUTO_TABLE, SUMMARY],
     # One quick step in the CPU simulator: the suite machinery, anywhere (tests/test_bench.py runs it).
     "sim-smoke": [bench("p2p_sim", "p2p", 1, "--ops", "load", "--bytes", "4K", limit=90,
                         env={"TRIDENT_BACKEND": "sim"})],

@@ -29,9 +29,11 @@ from ..fused.call import FusedCall, OpSpec, check_gemm_call, comm_span, fused_op
 from ..gemm.matmul import MatmulConfig, launch_matmul, num_programs
 from . import all_gather_gemm_kernels as kernels
 
-#: ``auto``'s measured choices, as :data:`trident.ops.AUTO_TABLE` (docs/tensor-parallel-ops.md).
-#: Empty until several-GPU runs are recorded: ``auto`` runs ``baseline``.
-AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {}
+#: ``auto``'s measured choices, as :data:`trident.ops.AUTO_TABLE` (docs/tensor-parallel-ops.md), from
+#: ``python -m trident.bench.auto_table``. One H200, one rank: ``fused_sequential`` was the fastest at
+#: both default shapes, 1-4% ahead of ``baseline`` (``trident bench all-gather-gemm -n 1``,
+#: docs/results/h200-2026-12-03b/all_gather_gemm.json). No several-GPU run yet: there ``baseline``.
+AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {("H200", 1): [(0, "fused_sequential")]}
 #: Programs that gather in ``workgroup_specialized`` on a GPU, when not given.
 GPU_COMM_PROGRAMS = 16
 

@@ -32,9 +32,12 @@ from ..gemm.matmul import MatmulConfig
 from .gemm_reduce import GPU_COMM_PROGRAMS as GPU_COMM_PROGRAMS  # the op's default, documented here too
 from .gemm_reduce import check_partial_product_args, partial_product, partial_product_spec
 
-#: ``auto``'s measured choices, as :data:`trident.ops.AUTO_TABLE` (docs/tensor-parallel-ops.md).
-#: Empty until several-GPU runs are recorded: ``auto`` runs ``baseline``.
-AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {}
+#: ``auto``'s measured choices, as :data:`trident.ops.AUTO_TABLE` (docs/tensor-parallel-ops.md), from
+#: ``python -m trident.bench.auto_table``. One H200, one rank: ``baseline`` was the fastest at both
+#: default shapes (``trident bench gemm-reduce-scatter -n 1``, docs/results/h200-2026-12-03b, before the
+#: fused patterns stopped writing their own partial to a slot on 2026-12-05: to be measured again).
+#: No several-GPU run yet: there ``baseline`` too.
+AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {("H200", 1): [(0, "baseline")]}
 
 
 def _bulk_synchronous(call: FusedCall) -> None:
