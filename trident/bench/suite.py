@@ -153,9 +153,10 @@ SUITES: dict[str, list[Step]] = {
                  + [bench(f"tp_layer_{n}", "tp-layer", n, "--mps", "--models", "8b", "--tokens", "1", "8", "32", "128",
                           limit=150) for n in (2, 4, 8)],
     # Expert parallelism: MoE dispatch and combine (DeepSeek-V3 shapes) against the torch path, one rank alone,
-    # then ranks sharing the GPU under MPS at decode size (latency, never bandwidth).
+    # then ranks sharing the GPU under MPS with the bench's defaults, decode and prefill (correctness and
+    # latency, never bandwidth), both layouts at decode.
     "moe": [INFO, bench("moe_1", "moe", 1, limit=240)]
-           + [bench(f"moe_{n}", "moe", n, "--mps", "--tokens", "128", limit=120) for n in (2, 4, 8)],
+           + [bench(f"moe_{n}", "moe", n, "--mps", limit=150) for n in (2, 4, 8)],
     # The headline figures at one rank in one device call (under ten minutes): host time per call through
     # every entry and its anatomy, MoE at decode and prefill sizes, the decoder layer at decode sizes with
     # its zero-copy and no-communication variants, GEMM + all-scatter against the GEMM alone.
