@@ -193,7 +193,8 @@ def _any_order_body(ctx, orders):
     problems = []
     for order in orders:
         with _programs_run_in(order, ctx.rank + 1):
-            problems += _run(ctx, CASES[0], f"rank {ctx.rank} programs {order}")
+            for case in (CASES[0], MASKED_CASES[0]):
+                problems += _run(ctx, case, f"rank {ctx.rank} programs {order} {case.layout}")
     return problems
 
 
