@@ -7,6 +7,8 @@ and never reset between calls (:func:`sync_block`). Its layout (word indices)::
     EPOCH_WORD                        the epoch of the last call this rank finished (0, 1, 2, ...)
     TICKET_WORD                       programs of the running launch that reached finish_call
     ARRIVAL_WORD                      programs of the running launch that have started (enter_call)
+    WORK_WORD + i, i < WORK_COUNTERS  work counters of the running launch: items claimed so far
+                                      (:func:`claim_work`), 0 between launches
     READY_WORD + p                    READY[p]: the last call rank p has entered
     READY_WORD + world_size + p       ARRIVED[p]: the last call rank p is done with this rank in
     READY_WORD + 2 * world_size + p   OFFSET[p]: where rank p's symmetric operand of the running call
@@ -41,7 +43,7 @@ mismatch (it is symmetric), so no rank reaches a peer; waits for peers' signals 
 results are invalid; the next call, with symmetric operands, runs normally. The check costs a
 store per peer at entry and a load per peer per program, next to the handshake's own.
 * :func:`finish_call`: every program takes a ticket at its end; the last one resets that counter
-  (the last to arrive resets the arrival counter), tells every peer "I am done with you"
+  and the work counters (the last to arrive resets the arrival counter), tells every peer "I am done with you"
   (``ARRIVED[rank] = epoch``), waits until every peer has said the same, and stores the new epoch.
   So when the kernel ends, every peer's writes into this rank have landed and no peer still reads
   this rank's inputs.
@@ -86,19 +88,25 @@ from ...runtime.team import Team as TeamLike
 EPOCH_WORD = 0
 TICKET_WORD = 1
 ARRIVAL_WORD = 2
-READY_WORD = 3
+WORK_WORD = 3
+#: Work counters a launch may claim items from (:func:`claim_work`).
+WORK_COUNTERS = 2
+READY_WORD = WORK_WORD + WORK_COUNTERS
 #: Tile flags the block has room for at least (so that small calls never grow it).
 MIN_FLAGS = 64
 
 _EPOCH = tl.constexpr(EPOCH_WORD)
 _TICKET = tl.constexpr(TICKET_WORD)
 _ARRIVAL = tl.constexpr(ARRIVAL_WORD)
+_WORK = tl.constexpr(WORK_WORD)
+_WORK_COUNTERS = tl.constexpr(WORK_COUNTERS)
 _READY = tl.constexpr(READY_WORD)
 
 
 def sync_words(world_size: int, flags: int = 0) -> int:
     """Words of a sync block for ``world_size`` ranks with ``flags`` tile flags (at least :data:`MIN_FLAGS`):
-    the three counters (epoch, finish ticket, arrival ticket), READY, ARRIVED, OFFSET and LOCAL, then the flags.
+    the three counters (epoch, finish ticket, arrival ticket), the work counters, READY, ARRIVED, OFFSET
+    and LOCAL, then the flags.
 
     Example::
 
@@ -241,6 +249,23 @@ def wait_peers_ready(call, team):
 
 
 @triton.jit
+def claim_work(call, counter):
+    """The next item of work counter ``counter`` (0 .. :data:`WORK_COUNTERS` - 1) of this launch: 0, 1,
+    2, ... in the order programs claim them, each item once. A program that claims until the items run
+    out shares the work with whichever programs run (a dynamic schedule); the counters are 0 at every
+    launch's start (:func:`finish_call` resets them).
+
+    Example::
+
+        tile = claim_work(call, 0)
+        while tile < tiles:
+            ...
+            tile = claim_work(call, 0)
+    """
+    return tl.atomic_add(call.sync_ptr + _WORK + counter, 1, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def finish_call(call, team):
     """Called by every program at its end, after its :func:`enter_call`; the last one to get here
     completes the call and resets the finish counter for the next launch (see module doc). Returns
@@ -256,6 +281,8 @@ def finish_call(call, team):
     ticket = tl.atomic_add(call.sync_ptr + _TICKET, 1, sem="acq_rel", scope="sys")
     if ticket == tl.num_programs(0) - 1:
         tl.store(call.sync_ptr + _TICKET, 0)  # the next launch (stream-ordered after this one) counts afresh
+        for i in tl.static_range(_WORK_COUNTERS):  # no program of this launch claims any more
+            tl.store(call.sync_ptr + _WORK + i, 0)
         tl.store(call.sync_ptr + _EPOCH, call.epoch)
         peers = tl.arange(0, call.WORLD_BLOCK)
         is_peer = peers < team.world_size

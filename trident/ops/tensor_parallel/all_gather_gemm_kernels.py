@@ -10,10 +10,12 @@ rank walks the shards starting with its own, whose rows need no communication.
   once per tile column, so the traffic is ``N / BLOCK_N`` times A's size.
 * :func:`gather_gemm_kernel` (``workgroup_specialized``): the first programs to start (by arrival
   ticket, not program id) copy the peers' row blocks of A into a local ``a_full`` (each once) and
-  release one flag per block; the later ones run the GEMM, on their own rows straight from
-  ``A_local`` (no copy, no wait) and on a peer's block from ``a_full`` once its flag is acquired. A
-  GEMM program thus waits only on gather programs that started before it, however few programs of
-  the launch are resident at a time; at one rank there is nothing to gather (no gather programs).
+  release one flag per block; every program runs the GEMM, the gather programs once every block is
+  taken: own rows straight from ``A_local`` (no copy, no wait), a peer's block from ``a_full`` once
+  its flag is acquired. Blocks and tiles are claimed from the call's work counters (a dynamic
+  schedule), so no program idles while tiles remain, and a tile waits only on a block that a
+  program already running has claimed, however few programs of the launch are resident at a time;
+  at one rank there is nothing to gather (no gather programs).
 
 Both use the call handshake of :mod:`trident.ops.fused.sync` (one sync block, ``sync_ptr``):
 peers' ``A_local`` is read only after they entered the call, and the kernel ends only after every
@@ -28,7 +30,7 @@ import triton.language as tl
 from ... import trace
 from ...device import signal, translate, wait
 from ...device.bundles import Gemm, Team
-from ..fused.sync import enter_call, finish_call, flag_words, wait_peers_ready
+from ..fused.sync import claim_work, enter_call, finish_call, flag_words, wait_peers_ready
 from ..gemm.tiles import shard_tile, tile_dot, tile_offsets
 
 
@@ -92,12 +94,14 @@ def gather_gemm_kernel(
         rank, world_size, heap_bases,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
         WORLD_BLOCK: tl.constexpr):
-    """workgroup_specialized, two roles by arrival: the first ``gather_programs`` programs to start
-    gather the peers' row blocks of A into ``a_full`` (``W*m x K``, row stride K; my own rows are not
-    copied) and release ``FLAGS[block]``; the later ones multiply, my own rows straight from
-    ``a_local`` (first, with no wait) and each peer block once its flag is acquired, so they wait
-    only on gather programs already running (or done), whichever programs the GPU runs first. At
-    one rank there is nothing to gather and the launch has no gather programs."""
+    """workgroup_specialized: the first ``gather_programs`` programs to start claim the peers' row
+    blocks of A (work counter 0) and copy each into ``a_full`` (``W*m x K``, row stride K; my own rows
+    are not copied), releasing ``FLAGS[block]``; then they, and from the start every later program,
+    claim the GEMM's tiles (work counter 1), my own rows first, straight from ``a_local`` with no
+    wait, then each peer block once its flag is acquired. A gather program turns to tiles only when
+    every block is claimed, and the later programs started after every gather program, so a tile
+    waits only on a block some running program has claimed, whichever programs the GPU runs first.
+    At one rank there is nothing to gather and the launch has no gather programs."""
     TRACE: tl.constexpr = trace_ptr is not None
     team = Team(rank, world_size, heap_bases)
     m, N, K = shape[0], shape[1], shape[2]
@@ -106,7 +110,8 @@ def gather_gemm_kernel(
     blocks = tl.cdiv(m, BLOCK_M)  # row blocks per source rank
     if arrival < gather_programs:
         peers = wait_peers_ready(call, team)
-        for i in tl.range(arrival, (world_size - 1) * blocks, gather_programs):
+        i = claim_work(call, 0)
+        while i < (world_size - 1) * blocks:
             t0 = trace.now_if(TRACE)
             src = (rank + 1 + i // blocks) % world_size  # the peers' rows, in the GEMM's order
             block = src * blocks + i % blocks
@@ -115,23 +120,25 @@ def gather_gemm_kernel(
                       BLOCK_M, BLOCK_K)
             signal(flags + block, call.epoch, rank, rank, heap_bases, scope="gpu")  # read on this GPU only
             trace.record(trace_ptr, trace.COMM, block, src, t0, rank, TRACE)
-    else:
-        tiles = world_size * blocks * tl.cdiv(N, BLOCK_N)
-        for tile in tl.range(arrival - gather_programs, tiles, tl.num_programs(0) - gather_programs):
-            src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
+            i = claim_work(call, 0)
+    tiles = world_size * blocks * tl.cdiv(N, BLOCK_N)
+    tile = claim_work(call, 1)
+    while tile < tiles:
+        src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
+        t0 = trace.now_if(TRACE)
+        if src == rank:  # my own rows: where they are
+            acc = tile_dot(Gemm(a_local, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False),
+                           pid_m, pid_n)
+        else:
+            wait(flags + src * blocks + pid_m, call.epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
+            trace.record(trace_ptr, trace.WAIT, tile, src, t0, rank, TRACE)
             t0 = trace.now_if(TRACE)
-            if src == rank:  # my own rows: where they are
-                acc = tile_dot(Gemm(a_local, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False),
-                               pid_m, pid_n)
-            else:
-                wait(flags + src * blocks + pid_m, call.epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
-                trace.record(trace_ptr, trace.WAIT, tile, src, t0, rank, TRACE)
-                t0 = trace.now_if(TRACE)
-                # a_full was written by this kernel with ordinary stores: read it with ordinary loads
-                # too (a TMA read would need a generic-to-async proxy fence first).
-                shard = a_full + tl.cast(src, tl.int64) * m * K
-                acc = tile_dot(Gemm(shard, b, shape, (K, 1, strides[2], strides[3]), BLOCK_M, BLOCK_N, BLOCK_K,
-                                    GROUP_M, False), pid_m, pid_n)
-            _store_rows(c, shape, strides, src, acc, pid_m, pid_n, BLOCK_M, BLOCK_N)
-            trace.record(trace_ptr, trace.COMPUTE, tile, src, t0, rank, TRACE)
+            # a_full was written by this kernel with ordinary stores: read it with ordinary loads
+            # too (a TMA read would need a generic-to-async proxy fence first).
+            shard = a_full + tl.cast(src, tl.int64) * m * K
+            acc = tile_dot(Gemm(shard, b, shape, (K, 1, strides[2], strides[3]), BLOCK_M, BLOCK_N, BLOCK_K,
+                                GROUP_M, False), pid_m, pid_n)
+        _store_rows(c, shape, strides, src, acc, pid_m, pid_n, BLOCK_M, BLOCK_N)
+        trace.record(trace_ptr, trace.COMPUTE, tile, src, t0, rank, TRACE)
+        tile = claim_work(call, 1)
     finish_call(call, team)
