@@ -223,18 +223,23 @@ def test_repeated_calls():
 
 
 def _group_body(ctx):
-    """Over a group of ranks 0 and 2 of three (the agreement on T is then a one-element all-reduce)."""
+    """Over a group of ranks 0 and 2 of three (the agreement on T is then a one-element all-reduce), in both
+    layouts (masked: the per-expert counts agreed by an all-reduce too, or max_tokens_per_rank given)."""
     group = ctx.new_group([0, 2])
     if group is None:
         return []
     case = Case((4, 2), 2, 1, 32, torch.bfloat16, "random", given=False, salt=30)
     x, idx, _, weights = _inputs(case, group.rank, group.world_size)
-    d = moe_dispatch(ctx, x.to(ctx.device), idx.to(ctx.device), 2, group=group)
-    rows = d.recv_x.cpu()[:int(d.recv_counts.sum())].float()
-    out = moe_combine(ctx, d.recv_x, weights.to(ctx.device), d, group=group).cpu().float()
-    want = (weights * (idx >= 0)).sum(1, keepdim=True) * x.float()
-    ok = torch.allclose(out, want.to(torch.bfloat16).float(), rtol=2e-2, atol=2e-2) and rows.shape[0] > 0
-    return [] if ok else [f"group rank {group.rank}: combine of the identity experts is off"]
+    problems = []
+    for layout, given in (("contiguous", None), ("masked", 4), ("masked", None)):
+        d = moe_dispatch(ctx, x.to(ctx.device), idx.to(ctx.device), 2, max_tokens_per_rank=given, group=group,
+                         layout=layout)
+        out = moe_combine(ctx, d.recv_x, weights.to(ctx.device), d, group=group).cpu().float()
+        want = (weights * (idx >= 0)).sum(1, keepdim=True) * x.float()
+        ok = torch.allclose(out, want.to(torch.bfloat16).float(), rtol=2e-2, atol=2e-2) and int(d.recv_counts.sum())
+        if not ok:
+            problems.append(f"group rank {group.rank}: {layout} (given={given}): the identity experts' combine is off")
+    return problems
 
 
 def test_in_a_group():
@@ -329,25 +334,25 @@ def test_masked_layout_matches_the_reference(world):
 
 
 def _masked_overflow_body(ctx):
-    """Every token names expert 0 in both its slots: expert 0 must receive W*T*k = 16 rows, a region
-    of W*T = 8 (the default with max_tokens_per_rank) cannot hold them. An error on every rank naming
-    the region: raised before anything is sent when the ranks agree on the counts on the host
-    (max_tokens_per_rank=None), else recorded on the device by the owner and by every sender that
-    lost a row, and raised at the call (simulator) or by d.check(). The cursors are reset all the
-    same, so a call with a region of 16 then gets every row, and its combine sums both rows of each
-    token; with the counts agreed on the host and no capacity, the region is sized by them."""
+    """Every token names expert 0 in both its slots: expert 0 must receive W*T*k = 16 rows. An error
+    naming the region: raised on every rank before anything is sent when the ranks agree on the
+    counts on the host (max_tokens_per_rank=None, a region of 8), else recorded on the device by the
+    owner and by every sender that lost a row, and raised at the call (simulator) or by d.check(): a
+    region of 4 leaves each rank's 8 claims with rows lost, whatever their order. The cursors are
+    reset all the same, so a call with a region of 16 then gets every row, and its combine sums both
+    rows of each token; with the counts agreed on the host and no capacity, the region is sized by them."""
     problems, r, dev = [], ctx.rank, ctx.device
     x = (torch.arange(4 * 32, dtype=torch.float32).reshape(4, 32) / 64 + r).to(torch.bfloat16)
     idx, weights = torch.zeros(4, 2, dtype=torch.int64), torch.rand(4, 2, generator=torch.Generator().manual_seed(r))
-    for given, capacity in ((None, 8), (4, None)):
+    for given, capacity in ((None, 8), (4, 4)):
         try:
             d = moe_dispatch(ctx, x.to(dev), idx.to(dev), 2, max_tokens_per_rank=given, capacity=capacity,
                              layout="masked")
             d.check()
-            problems.append(f"rank {r}: a region of 8 rows for 16 was accepted (max_tokens_per_rank={given})")
+            problems.append(f"rank {r}: a region of {capacity} rows for 16 was accepted (max_tokens_per_rank={given})")
         except CapacityError as exc:
             exact = given is None or r == 0  # a sender knows a lower bound only: the claims it saw
-            for fragment in (f"rank {r}:", "layout='masked'", "capacity=8 rows per local expert",
+            for fragment in (f"rank {r}:", "layout='masked'", f"capacity={capacity} rows per local expert",
                              "an expert of rank 0 had to receive at least"):
                 if fragment not in str(exc):
                     problems.append(f"rank {r}: {fragment!r} not in {str(exc)!r}")

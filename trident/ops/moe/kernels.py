@@ -150,8 +150,10 @@ def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team,
             region = capacity // experts_local
             claimed = atomic_add(cursor_ptr + expert, 1, rank, owners, heap_bases, mask=valid, sem="relaxed")
             keep = valid & (claimed < region)  # past the region: not delivered, reported here and by the owner
-            over = tl.where(valid & ~keep, claimed + 1, 0)
-            if tl.max(over, axis=0) > 0:  # the sender's rows are lost too: its combine must not pass silently
+            # A row lost at another rank: this rank's combine would be incomplete, so it says so too
+            # (a lower bound: the claims it saw). The owner reports its own experts' exact need at the end.
+            over = tl.where(valid & ~keep & (owners != rank), claimed + 1, 0)
+            if tl.max(over, axis=0) > 0:
                 lane = tl.argmax(over, axis=0)
                 owner = tl.sum(tl.where(lanes == lane, owners, 0), axis=0)
                 record_fault(control_block(rank, heap_bases), ERR_CAPACITY, rank, owner, 1, region,
