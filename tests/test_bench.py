@@ -380,6 +380,10 @@ def test_moe_heap_bytes_follows_the_documented_formula_and_sizes_the_bench():
     got = trident.ops.moe_heap_bytes(4096, 7168, 8, 256, 8, torch.bfloat16, fp8_scales=True)
     assert want + layout.CONTROL_BYTES < got < want + (4 << 20)  # + the small buffers and the sync block
     assert trident.ops.moe_heap_bytes(4096, 7168, 8, 256, 8, capacity=rows // 2) < got - (2 << 30)
+    # A second buffer set: its own receive buffers, offsets and map, status words; nothing shared twice.
+    two = trident.ops.moe_heap_bytes(4096, 7168, 8, 256, 8, torch.bfloat16, fp8_scales=True, buffer_sets=2)
+    assert two - got == (pow2(rows * 7168 * 2) + pow2(rows * 56 * 4) + pow2(rows * 8) + pow2(rows * 4)
+                         + pow2((2 * 256 + 2 * 32 + 4096 * 8) * 4) + layout.ALLOC_ALIGN)
     args = moe.parse_args([])
     # The masked layout at decode (128 tokens): a region of W * M rows for each of the E/W local experts.
     masked_rows = 32 * 8 * 128

@@ -71,12 +71,13 @@ def _dequant(x, scales):
     return x.float() if scales is None else x.float() * scales.repeat_interleave(128, dim=1)
 
 
-def _call(ctx, case: Case, capacity=None):
+def _call(ctx, case: Case, capacity=None, buffer_set=0):
     x, idx, scales, weights = _inputs(case, ctx.rank, ctx.world_size)
     dev = ctx.device
     M = max(case.t(r) for r in range(ctx.world_size)) if case.given else None
     d = moe_dispatch(ctx, x.to(dev), idx.to(dev), case.per_rank * ctx.world_size, max_tokens_per_rank=M,
-                     capacity=capacity, x_scales=None if scales is None else scales.to(dev), layout=case.layout)
+                     capacity=capacity, x_scales=None if scales is None else scales.to(dev), layout=case.layout,
+                     buffer_set=buffer_set)
     return d, weights
 
 
@@ -370,6 +371,28 @@ def _masked_overflow_body(ctx):
     return problems
 
 
+def _micro_batches_body(ctx):
+    """Two micro-batches in flight (dispatch A, dispatch B, then their combines), each in a buffer set
+    of its own (B in the masked layout): both results stay valid side by side. A later dispatch of
+    set 0 makes A stale (refused), and B stays valid."""
+    r = ctx.rank
+    a = Case((5, 3), 2, 2, 64, torch.bfloat16, "random", given=True, salt=60)
+    b = Case((2, 6), 2, 2, 64, torch.bfloat16, "random", given=True, salt=61, layout="masked")
+    d_a, w_a = _call(ctx, a, buffer_set=0)
+    d_b, w_b = _call(ctx, b, buffer_set=1)
+    problems = _check_dispatch(ctx, a, d_a, f"rank {r} A") + _check_dispatch(ctx, b, d_b, f"rank {r} B")
+    problems += _check_combine(ctx, a, d_a, w_a, f"rank {r} A") + _check_combine(ctx, b, d_b, w_b, f"rank {r} B")
+    _call(ctx, dataclasses.replace(a, salt=62), buffer_set=0)
+    stale = refusals({"A": lambda: moe_combine(ctx, d_a.recv_x, w_a.to(ctx.device), d_a)})["A"]
+    if "not the latest moe_dispatch of buffer_set=0" not in stale:
+        problems.append(f"rank {r}: a stale set-0 result was not refused: {stale}")
+    return problems + _check_combine(ctx, b, d_b, w_b, f"rank {r} B after a set-0 dispatch", on_heap=True)
+
+
+def test_two_micro_batches_in_flight_take_a_buffer_set_each():
+    assert_no_problems(get_pool(2), _micro_batches_body)
+
+
 def test_masked_layout_overflow_is_a_clear_error():
     assert_no_problems(get_pool(2), _masked_overflow_body)
 
@@ -388,6 +411,7 @@ def _refusals_body(ctx):
         "too many tokens": (lambda: moe_dispatch(ctx, x, idx, 2, max_tokens_per_rank=3), ["max_tokens_per_rank=3"]),
         "capacity": (lambda: moe_dispatch(ctx, x, idx, 2, capacity=-1), ["capacity=-1"]),
         "layout": (lambda: moe_dispatch(ctx, x, idx, 2, layout="padded"), ["layout='padded'", "'masked'"]),
+        "buffer set": (lambda: moe_dispatch(ctx, x, idx, 2, buffer_set=-1), ["buffer_set=-1", ">= 0"]),
         "fp8 without scales": (lambda: moe_dispatch(ctx, f8, idx, 2), ["x_scales"]),
         "scales shape": (lambda: moe_dispatch(ctx, f8, idx, 2, x_scales=torch.ones(4, 2, device=dev)),
                          ["x_scales", r"\(4, 2\)", r"\[4, 1\]"]),

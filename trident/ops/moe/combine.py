@@ -25,7 +25,7 @@ from ...runtime.groups import team
 from ..fused import multinode
 from ..fused.call import check_tensor
 from ..fused.sync import sync_block
-from .dispatch import STATE_KEY, TILE_WORDS, DispatchCount, MoEDispatch, fail
+from .dispatch import TILE_WORDS, DispatchCount, MoEDispatch, buffer_names, fail
 from .kernels import moe_pull_kernel, moe_push_kernel, moe_reduce_kernel
 
 #: Expert output dtypes ``moe_combine`` sums (in fp32) and returns.
@@ -61,9 +61,10 @@ def moe_combine(ctx, expert_out: torch.Tensor, topk_weights: torch.Tensor, d: Mo
         fail(where, f"d must be the MoEDispatch of trident.ops.moe_dispatch, got {type(d).__name__}", TypeError)
     if d.handle.team is not ctx:
         fail(where, "d was made by moe_dispatch on another context or group: pass the same ctx and group")
-    if d.handle.call != ctx.resource(STATE_KEY, DispatchCount).calls:
-        fail(where, "d is not the latest moe_dispatch on this context: a later dispatch has reused its receive "
-                     "buffers. Combine each dispatch before the next one", TridentError)
+    if d.handle.call != ctx.resource(buffer_names(d.buffer_set)[1], DispatchCount).calls:
+        fail(where, f"d is not the latest moe_dispatch of buffer_set={d.buffer_set} on this context: a later "
+                     "dispatch has reused its receive buffers. Combine each dispatch before the next one of its "
+                     "set, or give micro-batches in flight a buffer_set each", TridentError)
     h = d.handle
     return combine_rows(ctx, expert_out, topk_weights, d.topk_idx, d.recv_src, h.recv_j, h.layout, h.sent,
                         d.num_experts, d.max_tokens_per_rank, d.capacity)

@@ -47,8 +47,14 @@ from .sizing import SCALE_BLOCK, default_capacity, prefill_capacity
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
 #: Most experts: the planner holds one count per expert in registers.
 MAX_EXPERTS = 1024
-#: The per-context resource that counts dispatches (a result is valid until the next).
+#: The per-context resource that counts dispatches (a result is valid until the next of its buffer set).
 STATE_KEY = "ops.moe"
+
+
+def buffer_names(buffer_set: int) -> tuple[str, str]:
+    """``(workspace name prefix, dispatch-count resource key)`` of a buffer set: set 0 is ``moe``;
+    each set has its own receive buffers, so results of different sets stay valid side by side."""
+    return ("moe", STATE_KEY) if buffer_set == 0 else (f"moe{buffer_set}", f"{STATE_KEY}.{buffer_set}")
 
 #: Words (of the row's word type) one step of the dispatch, or of the combine's push, moves: a block of
 #: rows of ``BLOCK_R`` (``BLOCK_H``) words.
@@ -110,12 +116,13 @@ class MoEDispatch:
         capacity: rows of the receive buffers (masked: ``E_local * expert_capacity``).
         layout: ``"contiguous"`` or ``"masked"``.
         expert_capacity: rows per local expert in the masked layout; None in the contiguous one.
+        buffer_set: which set of receive buffers holds the result (``moe_dispatch``'s ``buffer_set``).
         topk_idx: this rank's routing ``[T, k]`` (the caller's tensor, kept for the combine: do not
             change it in place before :func:`moe_combine`).
         handle: what the combine needs besides ``recv_src`` (:class:`MoEHandle`).
 
-    A result is valid until the next ``moe_dispatch`` on the same context (or group): the receive
-    buffers are reused. With ``max_tokens_per_rank`` given the call does not wait for the device,
+    A result is valid until the next ``moe_dispatch`` on the same context (or group) and buffer set:
+    the receive buffers are reused. With ``max_tokens_per_rank`` given the call does not wait for the device,
     so a capacity overflow is reported later: by :meth:`check`, ``ctx.check()`` or ``ctx.barrier()``.
     """
 
@@ -132,6 +139,7 @@ class MoEDispatch:
     handle: MoEHandle
     layout: str = "contiguous"
     expert_capacity: int | None = None
+    buffer_set: int = 0
 
     def __repr__(self) -> str:
         return (f"MoEDispatch(recv_x={tuple(self.recv_x.shape)} {self.recv_x.dtype}, experts={self.num_experts} "
@@ -167,7 +175,8 @@ def _check_int(where: str, name: str, value, low: int, optional: bool = True) ->
         fail(where, f"{name}={value!r} must be an int >= {low}{' or None' if optional else ''}")
 
 
-def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, capacity, x_scales, layout) -> None:
+def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, capacity, x_scales, layout,
+                    buffer_set) -> None:
     check_tensor(where, "x", x, ctx.device, X_DTYPES, dims=2)
     check_tensor(where, "topk_idx", topk_idx, ctx.device, (torch.int64,), dims=2)
     tokens, hidden = x.shape
@@ -183,6 +192,7 @@ def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, c
     if max_tokens_per_rank is not None and tokens > max_tokens_per_rank:
         fail(where, f"x has {tokens} tokens, more than max_tokens_per_rank={max_tokens_per_rank}")
     _check_int(where, "capacity", capacity, 0)
+    _check_int(where, "buffer_set", buffer_set, 0, optional=False)
     if layout not in LAYOUTS:
         fail(where, f"layout={layout!r} must be one of {LAYOUTS}")
     if x.dtype != torch.float8_e4m3fn:
@@ -210,8 +220,8 @@ def _agree(ctx, where: str, tokens: int, facts: tuple, sends: torch.Tensor) -> t
     everyone = ctx.all_gather_object("moe_dispatch tokens", (tokens, facts, sends.tolist()))
     if len({f for _, f, _ in everyone}) > 1:
         listing = "; ".join(f"rank {r}: {f}" for r, (_, f, _) in enumerate(everyone))
-        raise DivergenceError(f"{where}: ranks passed different (H, k, num_experts, dtype, capacity, scales, layout): "
-                              f"{listing}")
+        raise DivergenceError(f"{where}: ranks passed different (H, k, num_experts, dtype, capacity, scales, layout, "
+                              f"buffer_set): {listing}")
     received = [sum(s[r] for _, _, s in everyone) for r in range(len(sends))]
     return max(t for t, _, _ in everyone), max(received), received.index(max(received))
 
@@ -223,7 +233,8 @@ def _word_dtype(row_bytes: int) -> torch.dtype:
 
 def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
                  max_tokens_per_rank: int | None = None, capacity: int | None = None,
-                 x_scales: torch.Tensor | None = None, group=None, layout: str = "contiguous") -> MoEDispatch:
+                 x_scales: torch.Tensor | None = None, group=None, layout: str = "contiguous",
+                 buffer_set: int = 0) -> MoEDispatch:
     """Send every token to the ranks of its top-k experts (collective): one kernel, no host sync.
 
     Args:
@@ -250,6 +261,10 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
             ranks exchange their counts first) or ``"masked"`` (a fixed region of ``capacity`` rows
             per local expert, ``[E_local, capacity, H]`` as masked grouped GEMMs take it, as DeepEP's
             low-latency mode: senders claim slots at the owner, no count exchange; for decode).
+        buffer_set: which set of receive buffers (0, 1, ...) the result goes to: a result stays valid
+            until the next dispatch of its own set, so two micro-batches in flight (dispatch A,
+            dispatch B, combine A, combine B) take sets 0 and 1. Each set costs its own receive
+            buffers on the heap (``moe_heap_bytes(..., buffer_sets=)``); calls stay stream-ordered.
 
     Returns:
         An :class:`MoEDispatch` (receive buffers, per-expert offsets and counts, origins).
@@ -259,8 +274,9 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
         d = trident.ops.moe_dispatch(ctx, x, topk_idx, num_experts=256, max_tokens_per_rank=128)
     """
     me = team(ctx, group)
-    rec = run_call(me, MOE_DISPATCH, (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity, layout))
-    state = me.resource(STATE_KEY, DispatchCount)
+    rec = run_call(me, MOE_DISPATCH, (x, topk_idx, x_scales),
+                   (num_experts, max_tokens_per_rank, capacity, layout, buffer_set))
+    state = me.resource(buffer_names(buffer_set)[1], DispatchCount)
     state.calls += 1
     got = rec.memo
     offsets, recv_counts = got["layout"].view(2, got["experts_local"])
@@ -270,20 +286,20 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
                        got["max_tokens"], got["rows"], topk_idx,
                        MoEHandle(got["recv_j"], got["status"], got["layout"],
                                  got["sent"][:x.shape[0] * topk_idx.shape[1]], me, state.calls),
-                       layout, got["rows"] // got["experts_local"] if masked else None)
+                       layout, got["rows"] // got["experts_local"] if masked else None, buffer_set)
 
 
 def _check_dispatch_call(team, tensors, options) -> None:
-    (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity, layout) = tensors, options
+    (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity, layout, buffer_set) = tensors, options
     _check_dispatch(team, f"{team.who()}: moe_dispatch", x, topk_idx, num_experts, max_tokens_per_rank,
-                    capacity, x_scales, layout)
+                    capacity, x_scales, layout, buffer_set)
 
 
 def _run_dispatch(team, rec, tensors, options) -> None:
-    (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity, layout) = tensors, options
+    (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity, layout, buffer_set) = tensors, options
     ctx, where = team, f"{team.who()}: moe_dispatch"
     (tokens, hidden), k, world = x.shape, topk_idx.shape[1], ctx.world_size
-    facts = (hidden, k, num_experts, str(x.dtype), capacity, x_scales is not None, layout)
+    facts = (hidden, k, num_experts, str(x.dtype), capacity, x_scales is not None, layout, buffer_set)
     experts_local = num_experts // world
     masked = layout == "masked"
     if max_tokens_per_rank is None:  # the host exchange sizes the receive buffer by the real counts
@@ -309,22 +325,23 @@ def _run_dispatch(team, rec, tensors, options) -> None:
         rows = experts_local * (world * max_tokens if capacity is None else int(capacity))
     else:
         rows = default_capacity(world, max_tokens, k) if capacity is None else int(capacity)
-    # Every buffer is asked for on every rank with the same size (collective), in the same order.
-    ws = workspace(ctx)
+    # Every buffer is asked for on every rank with the same size (collective), in the same order. A buffer
+    # set's own: what the result holds; shared by the sets: what only lives during a call.
+    ws, prefix = workspace(ctx), buffer_names(buffer_set)[0]
     word = _word_dtype(hidden * x.element_size())
     row_words = hidden * x.element_size() // word.itemsize
-    recv_words = ws.buffer("moe.recv_x", rows * row_words, word).view(rows, row_words)
+    recv_words = ws.buffer(f"{prefix}.recv_x", rows * row_words, word).view(rows, row_words)
     scale_cols = hidden // SCALE_BLOCK if x_scales is not None else 0
-    recv_scales = ws.buffer("moe.recv_scales", rows * scale_cols, torch.float32).view(rows, scale_cols)
-    recv_src = ws.buffer("moe.recv_src", rows, torch.int64)
-    recv_j = ws.buffer("moe.recv_j", rows, torch.int32)
+    recv_scales = ws.buffer(f"{prefix}.recv_scales", rows * scale_cols, torch.float32).view(rows, scale_cols)
+    recv_src = ws.buffer(f"{prefix}.recv_src", rows, torch.int64)
+    recv_j = ws.buffer(f"{prefix}.recv_j", rows, torch.int32)
     if masked:  # the cursors senders claim slots at; zero between calls (the kernel resets them)
         counts = ws.buffer("moe.cursors", experts_local, torch.int32, zeroed=True)
     else:
         counts = ws.buffer("moe.counts", world * num_experts, torch.int32)
-    local = ws.buffer("moe.local", 2 * num_experts + 2 * experts_local + max_tokens * k, torch.int32)
+    local = ws.buffer(f"{prefix}.local", 2 * num_experts + 2 * experts_local + max_tokens * k, torch.int32)
     sent = local[2 * num_experts + 2 * experts_local:]  # where each (token, j) went: the combine's map
-    status = ws.buffer("moe.status", STATUS_WORDS, torch.int64)
+    status = ws.buffer(f"{prefix}.status", STATUS_WORDS, torch.int64)
     sync = sync_block(ctx, world + 1)  # flags: the count rows and the layout
     rec.memo.update(recv_x=recv_words, recv_scales=recv_scales, recv_src=recv_src, recv_j=recv_j,
                     layout=local[2 * num_experts:2 * num_experts + 2 * experts_local], status=status, sent=sent,

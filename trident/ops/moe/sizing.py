@@ -66,7 +66,8 @@ def _block(nbytes: int) -> int:
 
 def moe_heap_bytes(tokens_per_rank: int, hidden: int, topk: int, num_experts: int, world_size: int,
                    dtype: torch.dtype = torch.bfloat16, fp8_scales: bool = False, capacity: int | None = None,
-                   combine_dtype: torch.dtype | None = None, layout: str = "contiguous") -> int:
+                   combine_dtype: torch.dtype | None = None, layout: str = "contiguous",
+                   buffer_sets: int = 1) -> int:
     """Heap bytes that ``moe_dispatch`` and ``moe_combine`` need at these sizes (per rank, the same on all).
 
     Each buffer is rounded up to a power of two (the workspace grows that way), and the control
@@ -83,6 +84,7 @@ def moe_heap_bytes(tokens_per_rank: int, hidden: int, topk: int, num_experts: in
         combine_dtype: ``expert_out``'s dtype in ``moe_combine``; None: ``dtype`` (bf16 for fp8).
         layout: ``moe_dispatch``'s ``layout``: ``"contiguous"`` or ``"masked"`` (a region of
             ``capacity`` rows per local expert, and the slot cursors instead of the count matrix).
+        buffer_sets: how many ``buffer_set`` values the program uses (each has its own receive buffers).
 
     Returns:
         Bytes, to add to what the program allocates itself when choosing ``trident.init(heap_size=)``.
@@ -101,18 +103,21 @@ def moe_heap_bytes(tokens_per_rank: int, hidden: int, topk: int, num_experts: in
     token_bytes = torch.empty((), dtype=dtype).element_size()
     out_bytes = torch.empty((), dtype=combine_dtype or (torch.bfloat16 if token_bytes == 1 else dtype)).element_size()
     staged = tokens_per_rank * topk
-    buffers = [
+    per_set = [  # each buffer set's own: what a dispatch result holds
         rows * hidden * token_bytes,                                        # recv_x
         rows * (hidden // SCALE_BLOCK) * 4 if fp8_scales else 0,            # recv_scales (fp32)
         rows * 8, rows * 4,                                                 # recv_src (int64), recv_j (int32)
-        (experts_local if layout == "masked" else world_size * num_experts) * 4,  # cursors or count matrix
         (2 * num_experts + 2 * experts_local + staged) * 4,                 # cursors, offsets, counts, map
         STATUS_WORDS * 8,                                                   # status words
+    ]
+    shared = [  # what lives only during a call
+        (experts_local if layout == "masked" else world_size * num_experts) * 4,  # cursors or count matrix
         sync_words(world_size, world_size + 1) * 8,                         # sync block
     ]
     if world_size > 1:
-        buffers.append(staged * hidden * out_bytes)                         # combine staging (rows pushed home)
+        shared.append(staged * hidden * out_bytes)                          # combine staging (rows pushed home)
     fixed = [ccl_sync_words(world_size) * 8, 3 * world_size * 8]            # collectives' sync block, table
+    buffers = per_set * int(buffer_sets) + shared
     return heap_layout.CONTROL_BYTES + sum(_block(b) for b in buffers) + sum(_aligned(b) for b in fixed)
 
 
