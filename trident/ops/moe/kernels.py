@@ -120,6 +120,35 @@ def _plan(topk_ptr, counts_ptr, local_ptr, status_ptr, sizes, call, team,
 
 
 @triton.jit
+def _claim_slots(ids, valid, cursor_ptr, sizes, team, MASKED: tl.constexpr):
+    """``(slots, keep)`` of a step's choices (expert ``ids``, ``valid`` lanes): each lane's row slot at
+    its expert's owner, and whether it fits (a row past the capacity is not delivered, and reported).
+
+    Contiguous layout: an atomic add on this rank's own cursor for the expert (the planner set it to
+    where this rank's rows for it start). Masked layout: an atomic add on the expert's cursor at its
+    owner, a slot inside the expert's fixed region of ``capacity / E_local`` rows; a row lost at
+    another rank is recorded here too (this rank's combine would be incomplete; a lower bound: the
+    claims it saw), the owner records its experts' exact need at the end of the call."""
+    experts_local, capacity = sizes[4], sizes[6]
+    rank, heap_bases = team.rank, team.heap_bases
+    if MASKED:
+        owners = tl.where(valid, ids // experts_local, rank).to(tl.int32)
+        expert = tl.where(valid, ids % experts_local, 0)
+        region = capacity // experts_local
+        claimed = atomic_add(cursor_ptr + expert, 1, rank, owners, heap_bases, mask=valid, sem="relaxed")
+        keep = valid & (claimed < region)
+        over = tl.where(valid & ~keep & (owners != rank), claimed + 1, 0)
+        if tl.max(over, axis=0) > 0:
+            owner = tl.max(tl.where(over == tl.max(over, axis=0), owners, -1), axis=0)
+            record_fault(control_block(rank, heap_bases), ERR_CAPACITY, rank, owner, 1, region, tl.max(over, axis=0))
+        slots = expert * region + claimed
+    else:
+        slots = tl.atomic_add(cursor_ptr + tl.where(valid, ids, 0), 1, mask=valid, sem="relaxed", scope="gpu")
+        keep = valid & (slots < capacity)
+    return slots, keep
+
+
+@triton.jit
 def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team,
                PAIRS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, MASKED: tl.constexpr):
     """Store this program's (token, j) choices into their experts' owners' buffers, ``PAIRS`` choices
@@ -127,11 +156,7 @@ def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team,
     takes its row's slot at the owner (an atomic add on the expert's cursor), then the step moves its
     rows as one ``PAIRS x BLOCK_R`` block a column chunk at a time, each lane-row to its own owner.
     ``recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr)`` (``sent``: local,
-    where each choice went); ``sizes`` is the kernel's.
-
-    Contiguous layout: the cursors are this rank's (the planner set them to where its rows for each
-    expert start). Masked layout: a cursor per local expert at its owner, which every sender claims
-    slots from (an atomic add there), inside the expert's fixed region of ``capacity / E_local`` rows."""
+    where each choice went); ``sizes`` is the kernel's; the slots as :func:`_claim_slots` gives them."""
     tokens, row_words, scale_words, k, experts_local, max_tokens, capacity = sizes
     recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr = recv
     rank, heap_bases = team.rank, team.heap_bases
@@ -144,24 +169,7 @@ def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team,
         listed = choice < choices
         ids = tl.load(topk_ptr + choice, mask=listed, other=-1)
         valid = listed & (ids >= 0) & (ids < experts)
-        if MASKED:  # the slot inside the expert's region, claimed at its owner
-            owners = tl.where(valid, ids // experts_local, rank).to(tl.int32)
-            expert = tl.where(valid, ids % experts_local, 0)
-            region = capacity // experts_local
-            claimed = atomic_add(cursor_ptr + expert, 1, rank, owners, heap_bases, mask=valid, sem="relaxed")
-            keep = valid & (claimed < region)  # past the region: not delivered, reported here and by the owner
-            # A row lost at another rank: this rank's combine would be incomplete, so it says so too
-            # (a lower bound: the claims it saw). The owner reports its own experts' exact need at the end.
-            over = tl.where(valid & ~keep & (owners != rank), claimed + 1, 0)
-            if tl.max(over, axis=0) > 0:
-                lane = tl.argmax(over, axis=0)
-                owner = tl.sum(tl.where(lanes == lane, owners, 0), axis=0)
-                record_fault(control_block(rank, heap_bases), ERR_CAPACITY, rank, owner, 1, region,
-                             tl.max(over, axis=0))
-            slots = expert * region + claimed
-        else:
-            slots = tl.atomic_add(cursor_ptr + tl.where(valid, ids, 0), 1, mask=valid, sem="relaxed", scope="gpu")
-            keep = valid & (slots < capacity)  # past the capacity: not delivered, reported (status words)
+        slots, keep = _claim_slots(ids, valid, cursor_ptr, sizes, team, MASKED)
         dests = tl.where(keep, ids // experts_local, rank).to(tl.int32)
         slots = tl.where(keep, slots, 0).to(tl.int64)
         token = choice // k
