@@ -36,6 +36,11 @@
 9. A launch copies its arguments through a recursive local function that refers to itself, a
    reference cycle holding a dict of every argument's storage: the heap stayed mapped after
    ``ctx.close()`` until the garbage collector ran. The simulator copies them without the cycle.
+10. Casts to fp8 (``x.to(tl.float8e4nv)``, ``tl.float8e5``) round without carrying into the
+   exponent (124.5 became 64 where GPUs give 128: Triton 3.6 to 3.9) and wrap past the largest
+   value, and casts from fp8 read NaN and Inf codes as numbers. The simulator converts as GPUs do
+   (round to nearest even, saturating to the largest finite value, NaN kept), through torch's own
+   fp8 types, so a kernel that quantizes gets the bits it gets on a GPU.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import contextlib
 import threading
 
 import numpy as np
+import torch
 
 _applied = False
 #: The thread whose kernel the interpreter runs now (fix-up 8), or None.
@@ -85,6 +91,8 @@ def apply() -> None:
         _label_comparisons_int1(interpreter)
     with contextlib.suppress(AttributeError):  # argument copies laid out differently: leave them alone
         _copy_arguments_without_cycles(interpreter)
+    with contextlib.suppress(AttributeError):  # casts laid out differently: leave them alone
+        _convert_fp8_as_gpus_do(interpreter)
     try:
         _install_atomic_fallbacks(interpreter)
         needed = _needs_index_fix()
@@ -303,3 +311,34 @@ def _widen_bf16_dot_operands(interpreter) -> None:
         return original(self, wide(a), wide(b), *rest, **kwargs)
 
     builder.create_dot = create_dot
+
+
+def _convert_fp8_as_gpus_do(interpreter) -> None:
+    """Fix-up 10: float <-> fp8 casts through torch's fp8 types, saturating as ``cvt.rn.satfinite`` does."""
+    import triton.language as tl
+
+    fp8 = {tl.float8e4nv: (torch.float8_e4m3fn, 448.0), tl.float8e5: (torch.float8_e5m2, 57344.0)}
+    floats = (tl.float32, tl.float16, tl.bfloat16)
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_fp_to_fp
+    nearest = (None, interpreter._ir.ROUNDING_MODE.RTNE)
+
+    def as_f32(handle) -> np.ndarray:
+        data = np.asarray(handle.data)
+        return _bf16_to_f32(data) if handle.dtype.scalar == tl.bfloat16 else data.astype(np.float32)
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
+        if dst_ty in fp8 and src_ty in floats and rounding_mode in nearest:
+            kind, top = fp8[dst_ty]
+            values = torch.from_numpy(np.clip(as_f32(src), -top, top))  # NaN stays NaN
+            return interpreter.TensorHandle(values.to(kind).view(torch.uint8).numpy(), dst_ty)
+        if src_ty in fp8 and dst_ty in floats:
+            kind = fp8[src_ty][0]
+            values = torch.from_numpy(np.ascontiguousarray(src.data).view(np.uint8)).view(kind).float().numpy()
+            if dst_ty == tl.bfloat16:
+                return interpreter.TensorHandle(_f32_to_bf16(values), dst_ty)
+            return interpreter.TensorHandle(values.astype(np.float16 if dst_ty == tl.float16 else np.float32), dst_ty)
+        return original(self, src, dst_type, rounding_mode)
+
+    builder.create_fp_to_fp = create_fp_to_fp
