@@ -465,7 +465,8 @@ def test_expert_out_on_the_heap_on_some_ranks_only_fails_clearly():
 COMPILE_CHILD = r'''
 import json
 from tests.sm90_harness import outcome, with_ones
-from trident.ops.moe.kernels import moe_dispatch_kernel, moe_pull_kernel, moe_push_kernel, moe_reduce_kernel
+from trident.ops.moe.combine_kernels import moe_pull_kernel, moe_push_kernel, moe_reduce_kernel
+from trident.ops.moe.kernels import moe_dispatch_kernel
 
 TEAM = {"sync_ptr": "*i64", "rank": "i32", "world_size": "i32", "heap_bases": "*i64"}
 DISPATCH = {**TEAM, "x_ptr": "*i32", "topk_ptr": "*i64", "recv_x_ptr": "*i32", "recv_src_ptr": "*i64",

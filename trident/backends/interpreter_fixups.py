@@ -321,7 +321,6 @@ def _convert_fp8_as_gpus_do(interpreter) -> None:
     floats = (tl.float32, tl.float16, tl.bfloat16)
     builder = interpreter.InterpreterBuilder
     original = builder.create_fp_to_fp
-    nearest = (None, interpreter._ir.ROUNDING_MODE.RTNE)
 
     def as_f32(handle) -> np.ndarray:
         data = np.asarray(handle.data)
@@ -329,7 +328,8 @@ def _convert_fp8_as_gpus_do(interpreter) -> None:
 
     def create_fp_to_fp(self, src, dst_type, rounding_mode):
         src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
-        if dst_ty in fp8 and src_ty in floats and rounding_mode in nearest:
+        nearest = rounding_mode is None or getattr(rounding_mode, "name", "") == "RTNE"  # not an explicit RTZ
+        if dst_ty in fp8 and src_ty in floats and nearest:
             kind, top = fp8[dst_ty]
             values = torch.from_numpy(np.clip(as_f32(src), -top, top))  # NaN stays NaN
             return interpreter.TensorHandle(values.to(kind).view(torch.uint8).numpy(), dst_ty)

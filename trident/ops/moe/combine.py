@@ -1,6 +1,6 @@
 """MoE combine: every expert output row back to its token's rank, weighted and summed there.
 
-Two steps (:mod:`trident.ops.moe.kernels`; docs/moe.md, "The combine kernels"): rows of other ranks'
+Two steps (:mod:`trident.ops.moe.combine_kernels`; docs/moe.md, "The combine kernels"): rows of other ranks'
 tokens are pushed home, then each rank sums its tokens' k rows locally, reading a row of its own
 experts where the expert wrote it. When ``expert_out`` is on the heap (``ctx.heap_allocations()``,
 ``ctx.empty``: the same offset on every rank), one step instead: each rank reads its tokens' rows
@@ -25,8 +25,8 @@ from ...runtime.groups import team
 from ..fused import multinode
 from ..fused.call import check_tensor
 from ..fused.sync import sync_block
+from .combine_kernels import moe_pull_kernel, moe_push_kernel, moe_reduce_kernel
 from .dispatch import TILE_WORDS, DispatchCount, MoEDispatch, buffer_names, fail
-from .kernels import moe_pull_kernel, moe_push_kernel, moe_reduce_kernel
 
 #: Expert output dtypes ``moe_combine`` sums (in fp32) and returns.
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
