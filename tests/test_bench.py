@@ -355,8 +355,8 @@ def test_moe_times_dispatch_and_combine(pool2, tmp_path):
     want = {("trident", 4), ("trident", 8), ("trident masked", 4)}
     assert impls == (want | {("torch", 4), ("torch", 8)} if rec["performance_figure"] else want)
     cases = {(r["op"], r["dtype"], r["tokens"]) for r in rec["rows"]}
-    assert cases == {(op, dtype, t) for op, dtype in (("dispatch", "fp8"), ("dispatch", "bf16"), ("combine", "bf16"))
-                     for t in (4, 8)}
+    ops = (("dispatch", "fp8"), ("dispatch", "bf16->fp8"), ("dispatch", "bf16"), ("combine", "bf16"))
+    assert cases == {(op, dtype, t) for op, dtype in ops for t in (4, 8)}
     assert {r["mode"] for r in rec["rows"]} == ({"eager"} if SIMULATOR else {"eager", "cuda graph"})
     assert all(r["time_us"] > 0 and r["gbps"] is not None for r in rec["rows"])
     assert all(r["floor_us"] > 0 and r["vs_floor"] == r["time_us"] / r["floor_us"] for r in rec["rows"])

@@ -334,6 +334,51 @@ def test_masked_layout_matches_the_reference(world):
     assert_no_problems(get_pool(world), _masked_body)
 
 
+def _quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(fp8 rows, scales)`` of ``x`` [T, H] as ``moe_dispatch(quantize="fp8")`` documents them."""
+    groups = x.float().reshape(x.shape[0], -1, 128)
+    scales = groups.abs().amax(-1).clamp(min=1e-4) / 448.0
+    return (groups / scales[..., None]).reshape(x.shape).to(FP8), scales
+
+
+def _quantize_body(ctx):
+    """bf16 tokens quantized to fp8 on the way, in both layouts: every received row and its scales
+    are bitwise what the documented quantization of the sender's row gives, and the combine of the
+    dequantized rows (identity experts) matches its reference."""
+    problems, r, W, dev = [], ctx.rank, ctx.world_size, ctx.device
+    for layout in ("contiguous", "masked"):
+        case = Case((5, 3), 2, 2, 384, torch.bfloat16, "random", given=True, salt=70, layout=layout)
+        everyone = [_inputs(case, s, W) for s in range(W)]
+        x, idx, _, weights = everyone[r]
+        M = max(case.t(s) for s in range(W))
+        d = moe_dispatch(ctx, x.to(dev), idx.to(dev), 2 * W, max_tokens_per_rank=M, layout=layout, quantize="fp8")
+        if d.recv_x.dtype != FP8 or d.recv_scales is None or d.recv_scales.shape != (d.capacity, 3):
+            problems.append(f"rank {r} {layout}: {d!r}, expected fp8 rows and [capacity, 3] scales")
+            continue
+        src, rx, rs = d.recv_src.cpu(), d.recv_x.cpu(), d.recv_scales.cpu()
+        offsets, counts = d.recv_offsets.cpu().tolist(), d.recv_counts.cpu().tolist()
+        expert_out = torch.zeros(d.capacity, 384, dtype=torch.bfloat16)
+        for e in range(2):
+            for row in range(offsets[e], offsets[e] + counts[e]):
+                s, t = divmod(int(src[row]), M)
+                want_q, want_s = _quantized(everyone[s][0][t:t + 1])
+                if not (torch.equal(rx[row].view(torch.uint8), want_q[0].view(torch.uint8))
+                        and torch.equal(rs[row], want_s[0])):
+                    problems.append(f"rank {r} {layout}: row {row} (rank {s} token {t}) is not its quantization")
+                expert_out[row] = (rx[row].float() * rs[row].repeat_interleave(128)).to(torch.bfloat16)
+        out = moe_combine(ctx, expert_out.to(dev), weights.to(dev), d).float().cpu()
+        q, sc = _quantized(x)
+        want = (q.float() * sc.repeat_interleave(128, dim=1)).to(torch.bfloat16).float()
+        want = want * (weights * (idx >= 0)).sum(1, keepdim=True)
+        if not torch.allclose(out, want, rtol=2e-2, atol=2e-2):
+            problems.append(f"rank {r} {layout}: combine of the quantized rows off by {(out - want).abs().max():.3g}")
+    return problems
+
+
+def test_dispatch_quantizes_to_fp8_on_the_way():
+    assert_no_problems(get_pool(2), _quantize_body)
+
+
 def _masked_overflow_body(ctx):
     """Every token names expert 0 in both its slots: expert 0 must receive W*T*k = 16 rows. An error
     naming the region: raised on every rank before anything is sent when the ranks agree on the
@@ -412,6 +457,8 @@ def _refusals_body(ctx):
         "capacity": (lambda: moe_dispatch(ctx, x, idx, 2, capacity=-1), ["capacity=-1"]),
         "layout": (lambda: moe_dispatch(ctx, x, idx, 2, layout="padded"), ["layout='padded'", "'masked'"]),
         "buffer set": (lambda: moe_dispatch(ctx, x, idx, 2, buffer_set=-1), ["buffer_set=-1", ">= 0"]),
+        "quantize": (lambda: moe_dispatch(ctx, x, idx, 2, quantize="int8"), ["quantize='int8'", "'fp8'"]),
+        "quantize H": (lambda: moe_dispatch(ctx, x, idx, 2, quantize="fp8"), ["quantize='fp8'", "multiple of 128"]),
         "fp8 without scales": (lambda: moe_dispatch(ctx, f8, idx, 2), ["x_scales"]),
         "scales shape": (lambda: moe_dispatch(ctx, f8, idx, 2, x_scales=torch.ones(4, 2, device=dev)),
                          ["x_scales", r"\(4, 2\)", r"\[4, 1\]"]),
@@ -502,13 +549,19 @@ def build(name, kernel, signature, sizes, meta, ones, check=None):
 
 results = {}
 for ones in (False, True):
-    for fp8, masked in ((False, False), (True, False), (False, True)):
+    for fp8, masked, quantize in ((False, False, False), (True, False, False), (False, True, False),
+                                  (False, True, True)):
         scale = "*fp32" if fp8 else "constexpr"
-        meta = {"BLOCKS": (256, 4, 1024, 1024, 64), "OPTIONS": (True, masked), "WORLD_BLOCK": 8}  # PAIRS 4: the H200's
+        meta = {"BLOCKS": (256, 4, 1024, 1024, 64), "OPTIONS": (True, masked, quantize),  # PAIRS 4: the H200's
+                "WORLD_BLOCK": 8}
         if not fp8:
             meta.update(scales_ptr=None, recv_scales_ptr=None)
-        build(f"dispatch fp8={fp8} masked={masked}", moe_dispatch_kernel,
-              {**DISPATCH, "scales_ptr": scale, "recv_scales_ptr": scale}, DISPATCH_SIZES, meta, ones, "atom")
+        signature = {**DISPATCH, "scales_ptr": scale, "recv_scales_ptr": scale}
+        if quantize:  # bf16 rows in, fp8 rows and their scales out
+            meta.pop("recv_scales_ptr")
+            signature.update(x_ptr="*bf16", recv_x_ptr="*fp8e4nv", recv_scales_ptr="*fp32")
+        build(f"dispatch fp8={fp8} masked={masked} quantize={quantize}", moe_dispatch_kernel, signature,
+              DISPATCH_SIZES, meta, ones, "atom")
     build("combine push", moe_push_kernel, PUSH, PUSH_SIZES, {"ROWS": 4, "BLOCK_H": 1024, "WORLD_BLOCK": 8}, ones)
     build("combine reduce", moe_reduce_kernel, REDUCE, REDUCE_SIZES, {"K_BLOCK": 8, "BLOCK_H": 1024}, ones)
     build("combine pull", moe_pull_kernel, PULL, REDUCE_SIZES, {"K_BLOCK": 8, "BLOCK_H": 1024, "WORLD_BLOCK": 8}, ones)
@@ -519,4 +572,4 @@ print(json.dumps(results))
 def test_kernels_compile_for_sm90(tmp_path):
     from tests.sm90_harness import assert_compiled
 
-    assert_compiled(COMPILE_CHILD, tmp_path, 12)
+    assert_compiled(COMPILE_CHILD, tmp_path, 14)

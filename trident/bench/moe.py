@@ -4,7 +4,8 @@ Shapes: DeepSeek-V3 (hidden 7168, top-8 of 256 experts), 128 tokens per rank (de
 (prefill); routing uniform at random (k distinct experts per token, seeded per rank). Measured in
 the same run:
 
-* ``trident``: ``trident.ops.moe_dispatch`` (bf16, and fp8 e4m3 with [T, H/128] scales) with
+* ``trident``: ``trident.ops.moe_dispatch`` (bf16; fp8 e4m3 with [T, H/128] scales; and bf16
+  quantized to fp8 on the way, ``quantize="fp8"``, dtype ``bf16->fp8``) with
   ``max_tokens_per_rank`` given (no host sync), then ``moe_combine`` (bf16) of the dispatched rows
   (identity experts); eagerly and inside a CUDA graph;
 * ``trident masked``: the same with ``layout="masked"`` (a region of ``W * T`` rows per local expert,
@@ -169,14 +170,16 @@ def _case(ctx, args, model: str, tokens: int) -> tuple[list[dict], bool]:
     torch_path = TorchPath(ctx, experts) if ctx.platform.nccl_usable else None
     for layout in _layouts(args, tokens):
         impl = "trident" if layout == "contiguous" else f"trident {layout}"
-        for dtype, xs, sc in (("fp8", x8, scales), ("bf16", x, None)):  # bf16 last: the combine uses its result
-            row_bytes = hidden * xs.element_size() + (0 if sc is None else sc.shape[1] * 4)
+        for dtype, xs, sc, quantize in (("fp8", x8, scales, None), ("bf16->fp8", x, None, "fp8"),
+                                        ("bf16", x, None, None)):
+            scale_bytes = hidden // 128 * 4 if sc is not None or quantize else 0
+            row_bytes = hidden * (1 if quantize else xs.element_size()) + scale_bytes  # a received row
             row = {**base, "op": "dispatch", "dtype": dtype}
-            floor = ((tokens + routed) * row_bytes, bandwidth)
-            rows += _time(ctx, args, lambda xs=xs, sc=sc, layout=layout: ops.moe_dispatch(
-                ctx, xs, idx, experts, x_scales=sc, max_tokens_per_rank=tokens, layout=layout),
+            floor = (tokens * hidden * xs.element_size() + routed * row_bytes, bandwidth)
+            rows += _time(ctx, args, lambda xs=xs, sc=sc, layout=layout, quantize=quantize: ops.moe_dispatch(
+                ctx, xs, idx, experts, x_scales=sc, max_tokens_per_rank=tokens, layout=layout, quantize=quantize),
                 {**row, "impl": impl}, routed * row_bytes, graphs, floor)
-            if torch_path is not None and layout == "contiguous":
+            if torch_path is not None and layout == "contiguous" and quantize is None:
                 rows += _time(ctx, args, lambda xs=xs, sc=sc: torch_path.dispatch(xs, idx, sc),
                               {**row, "impl": "torch"}, routed * row_bytes, False, floor)
         d = ops.moe_dispatch(ctx, x, idx, experts, max_tokens_per_rank=tokens, layout=layout)

@@ -45,6 +45,7 @@ from .sizing import SCALE_BLOCK, default_capacity, prefill_capacity
 
 #: Token dtypes ``moe_dispatch`` moves (bits, unchanged: fp8 is passed through, not requantised).
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
+FP8 = torch.float8_e4m3fn
 #: Most experts: the planner holds one count per expert in registers.
 MAX_EXPERTS = 1024
 #: The per-context resource that counts dispatches (a result is valid until the next of its buffer set).
@@ -68,6 +69,9 @@ MASKED_ROWS_ROUNDING = 64
 #: or a fixed region of ``capacity`` rows per local expert, as DeepGEMM's masked grouped GEMMs read
 #: it ("masked": no count exchange, the decode path).
 LAYOUTS = ("contiguous", "masked")
+#: What ``moe_dispatch`` can quantize rows to on their way (``quantize=``): fp8 e4m3 with a float32
+#: scale per 128 columns, as fp8 tokens with ``x_scales`` travel.
+QUANTIZE = ("fp8",)
 
 
 class DispatchCount:
@@ -176,7 +180,7 @@ def _check_int(where: str, name: str, value, low: int, optional: bool = True) ->
 
 
 def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, capacity, x_scales, layout,
-                    buffer_set) -> None:
+                    buffer_set, quantize) -> None:
     check_tensor(where, "x", x, ctx.device, X_DTYPES, dims=2)
     check_tensor(where, "topk_idx", topk_idx, ctx.device, (torch.int64,), dims=2)
     tokens, hidden = x.shape
@@ -195,6 +199,14 @@ def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, c
     _check_int(where, "buffer_set", buffer_set, 0, optional=False)
     if layout not in LAYOUTS:
         fail(where, f"layout={layout!r} must be one of {LAYOUTS}")
+    if quantize is not None:
+        if quantize not in QUANTIZE:
+            fail(where, f"quantize={quantize!r} must be None or one of {QUANTIZE}")
+        if x.dtype == torch.float8_e4m3fn or x_scales is not None or hidden % SCALE_BLOCK:
+            fail(where, f"quantize='fp8' takes bf16, fp16 or fp32 x with H a multiple of {SCALE_BLOCK} and no "
+                         f"x_scales (the scales are made on the way); got x {x.dtype} {tuple(x.shape)}"
+                         f"{' and x_scales' if x_scales is not None else ''}")
+        return
     if x.dtype != torch.float8_e4m3fn:
         if x_scales is not None:
             fail(where, f"x_scales is only for float8_e4m3fn tokens; x is {x.dtype}")
@@ -221,7 +233,7 @@ def _agree(ctx, where: str, tokens: int, facts: tuple, sends: torch.Tensor) -> t
     if len({f for _, f, _ in everyone}) > 1:
         listing = "; ".join(f"rank {r}: {f}" for r, (_, f, _) in enumerate(everyone))
         raise DivergenceError(f"{where}: ranks passed different (H, k, num_experts, dtype, capacity, scales, layout, "
-                              f"buffer_set): {listing}")
+                              f"buffer_set, quantize): {listing}")
     received = [sum(s[r] for _, _, s in everyone) for r in range(len(sends))]
     return max(t for t, _, _ in everyone), max(received), received.index(max(received))
 
@@ -234,7 +246,7 @@ def _word_dtype(row_bytes: int) -> torch.dtype:
 def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
                  max_tokens_per_rank: int | None = None, capacity: int | None = None,
                  x_scales: torch.Tensor | None = None, group=None, layout: str = "contiguous",
-                 buffer_set: int = 0) -> MoEDispatch:
+                 buffer_set: int = 0, quantize: str | None = None) -> MoEDispatch:
     """Send every token to the ranks of its top-k experts (collective): one kernel, no host sync.
 
     Args:
@@ -265,6 +277,10 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
             until the next dispatch of its own set, so two micro-batches in flight (dispatch A,
             dispatch B, combine A, combine B) take sets 0 and 1. Each set costs its own receive
             buffers on the heap (``moe_heap_bytes(..., buffer_sets=)``); calls stay stream-ordered.
+        quantize: ``"fp8"``: bf16, fp16 or fp32 ``x`` is quantized on the way (one kernel, no separate
+            quantization pass): ``recv_x`` is float8_e4m3fn and ``recv_scales`` ``[capacity, H/128]``
+            float32 with ``x ~ recv_x * scale`` per 128 columns (``scale = max(amax, 1e-4) / 448``),
+            as DeepEP's low-latency dispatch does. None: rows travel as they are.
 
     Returns:
         An :class:`MoEDispatch` (receive buffers, per-expert offsets and counts, origins).
@@ -275,14 +291,15 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
     """
     me = team(ctx, group)
     rec = run_call(me, MOE_DISPATCH, (x, topk_idx, x_scales),
-                   (num_experts, max_tokens_per_rank, capacity, layout, buffer_set))
+                   (num_experts, max_tokens_per_rank, capacity, layout, buffer_set, quantize))
     state = me.resource(buffer_names(buffer_set)[1], DispatchCount)
     state.calls += 1
     got = rec.memo
     offsets, recv_counts = got["layout"].view(2, got["experts_local"])
     masked = layout == "masked"
-    return MoEDispatch(got["recv_x"].view(x.dtype), offsets, recv_counts, got["recv_src"],
-                       got["recv_scales"] if x_scales is not None else None, num_experts, got["experts_local"],
+    scaled = x_scales is not None or quantize is not None
+    return MoEDispatch(got["recv_x"].view(FP8 if quantize else x.dtype), offsets, recv_counts, got["recv_src"],
+                       got["recv_scales"] if scaled else None, num_experts, got["experts_local"],
                        got["max_tokens"], got["rows"], topk_idx,
                        MoEHandle(got["recv_j"], got["status"], got["layout"],
                                  got["sent"][:x.shape[0] * topk_idx.shape[1]], me, state.calls),
@@ -290,16 +307,18 @@ def moe_dispatch(ctx, x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int,
 
 
 def _check_dispatch_call(team, tensors, options) -> None:
-    (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity, layout, buffer_set) = tensors, options
+    (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity, layout, buffer_set, quantize) = \
+        tensors, options
     _check_dispatch(team, f"{team.who()}: moe_dispatch", x, topk_idx, num_experts, max_tokens_per_rank,
-                    capacity, x_scales, layout, buffer_set)
+                    capacity, x_scales, layout, buffer_set, quantize)
 
 
 def _run_dispatch(team, rec, tensors, options) -> None:
-    (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity, layout, buffer_set) = tensors, options
+    (x, topk_idx, x_scales), (num_experts, max_tokens_per_rank, capacity, layout, buffer_set, quantize) = \
+        tensors, options
     ctx, where = team, f"{team.who()}: moe_dispatch"
     (tokens, hidden), k, world = x.shape, topk_idx.shape[1], ctx.world_size
-    facts = (hidden, k, num_experts, str(x.dtype), capacity, x_scales is not None, layout, buffer_set)
+    facts = (hidden, k, num_experts, str(x.dtype), capacity, x_scales is not None, layout, buffer_set, quantize)
     experts_local = num_experts // world
     masked = layout == "masked"
     if max_tokens_per_rank is None:  # the host exchange sizes the receive buffer by the real counts
@@ -328,10 +347,11 @@ def _run_dispatch(team, rec, tensors, options) -> None:
     # Every buffer is asked for on every rank with the same size (collective), in the same order. A buffer
     # set's own: what the result holds; shared by the sets: what only lives during a call.
     ws, prefix = workspace(ctx), buffer_names(buffer_set)[0]
-    word = _word_dtype(hidden * x.element_size())
-    row_words = hidden * x.element_size() // word.itemsize
+    row_bytes = hidden * (1 if quantize else x.element_size())  # a received row
+    word = _word_dtype(row_bytes)
+    row_words = row_bytes // word.itemsize
     recv_words = ws.buffer(f"{prefix}.recv_x", rows * row_words, word).view(rows, row_words)
-    scale_cols = hidden // SCALE_BLOCK if x_scales is not None else 0
+    scale_cols = hidden // SCALE_BLOCK if x_scales is not None or quantize else 0
     recv_scales = ws.buffer(f"{prefix}.recv_scales", rows * scale_cols, torch.float32).view(rows, scale_cols)
     recv_src = ws.buffer(f"{prefix}.recv_src", rows, torch.int64)
     recv_j = ws.buffer(f"{prefix}.recv_j", rows, torch.int32)
@@ -353,19 +373,20 @@ def _run_dispatch(team, rec, tensors, options) -> None:
             starts = torch.arange(experts_local, dtype=torch.int32, device=ctx.device) * (rows // experts_local)
             rec.every_replay(lambda: local[2 * num_experts:2 * num_experts + experts_local].copy_(starts))
     else:
-        block_r = min(triton.next_power_of_2(row_words), 1024)
+        block_r = min(triton.next_power_of_2(hidden if quantize else row_words), 1024)  # columns, or words
         pairs = min(ROWS_PER_STEP, max(1, TILE_WORDS // block_r))  # rows a step moves: a tile of ~TILE_WORDS
         programs = max(1, min(ctx.platform.program_limit, triton.cdiv(max_tokens * k, pairs)))
         rec.launch(moe_dispatch_kernel, (programs,), (
-            x.view(word), None if x_scales is None else x_scales, topk_idx,
-            recv_words, None if x_scales is None else recv_scales, recv_src, recv_j,
+            x if quantize else x.view(word), x_scales, topk_idx,  # quantized: x's values; else raw words
+            recv_words.view(FP8) if quantize else recv_words, recv_scales if scale_cols else None, recv_src, recv_j,
             counts, local, status,  # local holds offsets and recv_counts too
-            (tokens, row_words, scale_cols, k, experts_local, max_tokens, rows),
+            (tokens, hidden if quantize else row_words, scale_cols, k, experts_local, max_tokens, rows),
             sync, ctx.rank, world, ctx.heap_bases),
             dict(BLOCKS=(triton.next_power_of_2(num_experts), pairs,  # E_BLOCK, PAIRS
                          min(1024, triton.next_power_of_2(max(max_tokens * k, 16))), block_r,  # CHUNK, BLOCK_R
                          triton.next_power_of_2(max(scale_cols, 1))),  # BLOCK_S
-                 OPTIONS=(max_tokens_per_rank is not None, masked), WORLD_BLOCK=triton.next_power_of_2(world)),
+                 OPTIONS=(max_tokens_per_rank is not None, masked, quantize is not None),
+                 WORLD_BLOCK=triton.next_power_of_2(world)),
             num_warps=4 if block_r <= 512 else 8)
     if max_tokens_per_rank is None:  # this call synchronises anyway: check the capacity now
         needed, worst = status[STATUS_NEEDED:STATUS_WORST + 1].tolist()
@@ -384,5 +405,5 @@ MOE_DISPATCH = Op("moe_dispatch", _check_dispatch_call, _run_dispatch,
                   cacheable=lambda options: options[1] is not None)
 
 
-__all__ = ["moe_dispatch", "MoEDispatch", "MoEHandle", "MOE_DISPATCH", "LAYOUTS", "X_DTYPES", "SCALE_BLOCK",
+__all__ = ["moe_dispatch", "MoEDispatch", "MoEHandle", "MOE_DISPATCH", "LAYOUTS", "QUANTIZE", "X_DTYPES", "SCALE_BLOCK",
            "MAX_EXPERTS", "STATUS_WORDS"]

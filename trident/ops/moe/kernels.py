@@ -140,19 +140,21 @@ def _claim_slots(ids, valid, cursor_ptr, sizes, team, MASKED: tl.constexpr):
 
 @triton.jit
 def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team,
-               PAIRS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, MASKED: tl.constexpr):
+               PAIRS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, OPTIONS: tl.constexpr):
     """Store this program's (token, j) choices into their experts' owners' buffers, ``PAIRS`` choices
     a step (steps ``me, me + programs, ...`` over the ``tokens * k`` choices): every lane of a step
     takes its row's slot at the owner (an atomic add on the expert's cursor), then the step moves its
     rows as one ``PAIRS x BLOCK_R`` block a column chunk at a time, each lane-row to its own owner.
     ``recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr)`` (``sent``: local,
-    where each choice went); ``sizes`` is the kernel's; the slots as :func:`_claim_slots` gives them."""
-    tokens, row_words, scale_words, k, experts_local, max_tokens, capacity = sizes
+    where each choice went); ``sizes`` and ``OPTIONS`` are the kernel's; the slots as :func:`_claim_slots`
+    gives them, the rows as :func:`_copy_rows` or :func:`_quantize_rows` moves them."""
+    MASKED: tl.constexpr = OPTIONS[1]
+    QUANTIZE: tl.constexpr = OPTIONS[2]
+    tokens, _, _, k, experts_local, max_tokens, capacity = sizes
     recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr = recv
     rank, heap_bases = team.rank, team.heap_bases
     experts = experts_local * team.world_size
     lanes = tl.arange(0, PAIRS)
-    cols = tl.arange(0, BLOCK_R)
     choices = tokens * k
     for start in range(me * PAIRS, choices, tl.num_programs(0) * PAIRS):
         choice = start + lanes.to(tl.int64)   # = token * k + j
@@ -167,18 +169,56 @@ def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team,
         tl.store(sent_ptr + choice, tl.where(keep, dests * capacity + slots, -1).to(tl.int32), mask=listed)
         store(recv_src_ptr + slots, rank * max_tokens + token, rank, dests, heap_bases, mask=keep)
         store(recv_j_ptr + slots, (choice % k).to(tl.int32), rank, dests, heap_bases, mask=keep)
-        for c in range(0, row_words, BLOCK_R):
-            offs = c + cols
-            mask = keep[:, None] & (offs < row_words)[None, :]
-            rows = tl.load(x_ptr + token[:, None] * row_words + offs[None, :], mask=mask)
-            store(recv_x_ptr + slots[:, None] * row_words + offs[None, :], rows, rank, dests[:, None], heap_bases,
-                  mask=mask)
-        if scales_ptr is not None:
-            scols = tl.arange(0, BLOCK_S)
-            mask = keep[:, None] & (scols < scale_words)[None, :]
-            scales = tl.load(scales_ptr + token[:, None] * scale_words + scols[None, :], mask=mask)
-            store(recv_scales_ptr + slots[:, None] * scale_words + scols[None, :], scales, rank, dests[:, None],
-                  heap_bases, mask=mask)
+        to = (recv_x_ptr, recv_scales_ptr, slots, dests, keep)
+        if QUANTIZE:
+            _quantize_rows(x_ptr, token, to, sizes, team, PAIRS, BLOCK_R)
+        else:
+            _copy_rows(x_ptr, scales_ptr, token, to, sizes, team, BLOCK_R, BLOCK_S)
+
+
+@triton.jit
+def _copy_rows(x_ptr, scales_ptr, token, to, sizes, team, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Rows ``token`` of ``x`` (``row_words`` words each) and their fp8 scales, as raw bits, into the
+    owners' buffers: ``to = (recv_x_ptr, recv_scales_ptr, slots, dests, keep)``, a lane per row."""
+    row_words, scale_words = sizes[1], sizes[2]
+    recv_x_ptr, recv_scales_ptr, slots, dests, keep = to
+    cols = tl.arange(0, BLOCK_R)
+    for c in range(0, row_words, BLOCK_R):
+        offs = c + cols
+        mask = keep[:, None] & (offs < row_words)[None, :]
+        rows = tl.load(x_ptr + token[:, None] * row_words + offs[None, :], mask=mask)
+        store(recv_x_ptr + slots[:, None] * row_words + offs[None, :], rows, team.rank, dests[:, None],
+              team.heap_bases, mask=mask)
+    if scales_ptr is not None:
+        scols = tl.arange(0, BLOCK_S)
+        mask = keep[:, None] & (scols < scale_words)[None, :]
+        scales = tl.load(scales_ptr + token[:, None] * scale_words + scols[None, :], mask=mask)
+        store(recv_scales_ptr + slots[:, None] * scale_words + scols[None, :], scales, team.rank, dests[:, None],
+              team.heap_bases, mask=mask)
+
+
+@triton.jit
+def _quantize_rows(x_ptr, token, to, sizes, team, PAIRS: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Rows ``token`` of ``x`` (``hidden`` bf16, fp16 or fp32 values each) quantized on the way to fp8
+    e4m3 with a float32 scale per 128 columns (``scale = max(amax, 1e-4) / 448``, ``q = x / scale``,
+    both rounded to nearest), into the owners' ``recv_x`` and ``recv_scales``: ``to`` as for
+    :func:`_copy_rows`; ``BLOCK_R`` is a multiple of 128 columns."""
+    hidden, groups = sizes[1], sizes[2]
+    recv_x_ptr, recv_scales_ptr, slots, dests, keep = to
+    G: tl.constexpr = BLOCK_R // 128
+    cols = tl.arange(0, BLOCK_R)
+    for c in range(0, hidden, BLOCK_R):
+        offs = c + cols
+        mask = keep[:, None] & (offs < hidden)[None, :]
+        rows = tl.load(x_ptr + token[:, None] * hidden + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+        rows = tl.reshape(rows, (PAIRS, G, 128))
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(rows), axis=2), 1e-4), tl.full((PAIRS, G), 448.0, tl.float32))
+        q = tl.math.div_rn(rows, tl.broadcast_to(scale[:, :, None], (PAIRS, G, 128))).to(tl.float8e4nv)
+        store(recv_x_ptr + slots[:, None] * hidden + offs[None, :], tl.reshape(q, (PAIRS, BLOCK_R)), team.rank,
+              dests[:, None], team.heap_bases, mask=mask)
+        group = c // 128 + tl.arange(0, G)
+        store(recv_scales_ptr + slots[:, None] * groups + group[None, :], scale, team.rank, dests[:, None],
+              team.heap_bases, mask=keep[:, None] & (group < groups)[None, :])
 
 
 @triton.jit
@@ -216,7 +256,7 @@ def moe_dispatch_kernel(
     sync_ptr,
     rank, world_size, heap_bases,
     BLOCKS: tl.constexpr,      # (E_BLOCK, PAIRS, CHUNK, BLOCK_R, BLOCK_S)
-    OPTIONS: tl.constexpr,     # (REPORT: record a capacity fault, MASKED: the masked layout)
+    OPTIONS: tl.constexpr,     # (REPORT: record a capacity fault, MASKED: the masked layout, QUANTIZE: to fp8)
     WORLD_BLOCK: tl.constexpr,
 ):
     """Send every (token, j) with a valid expert to the expert's owner (see the module doc).
@@ -241,7 +281,7 @@ def moe_dispatch_kernel(
         # No planner, no count exchange: a sender claims its slots at the owner's cursors, which the
         # owner reset at the end of its last call, before its READY of this one.
         team = wait_peers_ready(call, team)
-        _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, counts_ptr, sizes, team, PAIRS, BLOCK_R, BLOCK_S, True)
+        _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, counts_ptr, sizes, team, PAIRS, BLOCK_R, BLOCK_S, OPTIONS)
         if finish_call(call, team):  # every sender's claims and rows into this rank have landed
             _close_masked(counts_ptr, layout_ptr, status_ptr, sizes, rank, heap_bases, E_BLOCK, REPORT)
     else:
@@ -261,7 +301,7 @@ def moe_dispatch_kernel(
         for start in range(unused + me * _FILL, capacity, tl.num_programs(0) * _FILL):
             offs = start + tl.arange(0, _FILL)
             tl.store(recv_src_ptr + offs, tl.full([_FILL], -1, tl.int64), mask=offs < capacity)
-        _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, local_ptr, sizes, team, PAIRS, BLOCK_R, BLOCK_S, False)
+        _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, local_ptr, sizes, team, PAIRS, BLOCK_R, BLOCK_S, OPTIONS)
         finish_call(call, team)
 
 
