@@ -26,7 +26,8 @@ from ..fused import multinode
 from ..fused.call import check_tensor
 from ..fused.sync import sync_block
 from .combine_kernels import moe_pull_kernel, moe_push_kernel, moe_reduce_kernel
-from .dispatch import TILE_WORDS, DispatchCount, MoEDispatch, buffer_names, fail
+from .dispatch import TILE_WORDS, fail
+from .result import DispatchCount, MoEDispatch, buffer_names
 
 #: Expert output dtypes ``moe_combine`` sums (in fp32) and returns.
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
