@@ -235,6 +235,26 @@ def _moe_ops(ctx):
                                0.5)
     compiled = torch.compile(_moe_layer, fullgraph=True, backend="aot_eager")(*args)
     errors["compiled"] = (float((compiled.cpu() - want).abs().max()), TOL)
+    # quantize="fp8": bf16 rows arrive as fp8 with a scale per 128 columns; the fake says so too.
+    every_128 = [torch.randn(3 + 2 * p, 128, generator=torch.Generator().manual_seed(p)).to(torch.bfloat16)
+                 for p in range(w)]  # every rank's rows, as _routing sizes them
+    x128 = every_128[r]
+    x128 = x128.to(ctx.device)
+    q = torch.ops.trident.moe_dispatch(x128, args[1], experts, max_tokens, None, ctx.group_name, "fp8")
+    with mode:
+        q_fake = torch.ops.trident.moe_dispatch(mode.from_tensor(x128), mode.from_tensor(args[1]), experts,
+                                                max_tokens, None, ctx.group_name, "fp8")
+    shapes = [(t.dtype, tuple(t.shape)) for t in (q[0], q[4])]
+    errors["quantized rows and scales"] = (float(shapes != [(torch.float8_e4m3fn, (w * max_tokens * k, 128)),
+                                                            (torch.float32, (w * max_tokens * k, 1))]), 0.5)
+    errors["quantized fake"] = (float(shapes != [(t.dtype, tuple(t.shape)) for t in (q_fake[0], q_fake[4])]), 0.5)
+    rows = int(q[2].sum())
+    if rows:  # the documented quantization of each source row: scale = max(amax, 1e-4) / 448, x / scale
+        sent = torch.stack([every_128[int(s) // max_tokens][int(s) % max_tokens] for s in q[3][:rows].cpu()]).float()
+        scale = sent.abs().amax(1, keepdim=True).clamp(min=1e-4) / 448.0
+        bits_differ = q[0][:rows].cpu().view(torch.uint8) != (sent / scale).to(torch.float8_e4m3fn).view(torch.uint8)
+        wrong = float(bits_differ.sum()) + float((q[4][:rows].cpu() != scale).sum())
+        errors["quantized rows match their source"] = (wrong, 0.5)
     return errors
 
 

@@ -29,7 +29,7 @@ The ops (every ``group`` is a group name):
 * ``gemm_all_reduce(A, B, group)``, ``gemm_reduce_scatter(A, B, group)``,
   ``all_gather_gemm(A_local, B, group)``, ``gemm_all_scatter(A, B_local, group)`` (``pattern="auto"``);
 * ``all_reduce_rmsnorm(x, weight, eps, residual, group)`` returns ``(out, h)``;
-* ``moe_dispatch(x, topk_idx, num_experts, max_tokens_per_rank, x_scales, group)`` returns
+* ``moe_dispatch(x, topk_idx, num_experts, max_tokens_per_rank, x_scales, group, quantize=None)`` returns
   ``(recv_x, recv_offsets, recv_counts, recv_src, recv_scales, handle)``, and
   ``moe_combine(expert_out, topk_weights, topk_idx, recv_src, handle, num_experts,
   max_tokens_per_rank, group)`` the ``[T, H]`` combined rows.
@@ -65,7 +65,8 @@ SCHEMAS = {
     "all_reduce_rmsnorm": "all_reduce_rmsnorm(Tensor x, Tensor weight, float eps, Tensor? residual, str group) "
                           "-> (Tensor, Tensor)",
     "moe_dispatch": "moe_dispatch(Tensor x, Tensor topk_idx, int num_experts, int max_tokens_per_rank, "
-                    "Tensor? x_scales, str group) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+                    "Tensor? x_scales, str group, str? quantize=None) "
+                    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
     "moe_combine": "moe_combine(Tensor expert_out, Tensor topk_weights, Tensor topk_idx, Tensor recv_src, "
                    "Tensor handle, int num_experts, int max_tokens_per_rank, str group) -> Tensor",
 }
@@ -321,17 +322,18 @@ def _(x, weight, eps, residual, group):
 # -- expert parallelism -----------------------------------------------------------------------------
 
 def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, max_tokens_per_rank: int,
-                 x_scales: torch.Tensor | None, group: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                                    torch.Tensor, torch.Tensor, torch.Tensor]:
+                 x_scales: torch.Tensor | None, group: str, quantize: str | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every token to the ranks of its top-k experts (``trident.ops.moe_dispatch`` with the default
     capacity). Returns ``(recv_x, recv_offsets, recv_counts, recv_src, recv_scales, handle)``, copies
-    of the dispatch's buffers; ``recv_scales`` is ``[capacity, 0]`` without ``x_scales``; ``handle``
-    is the routing ``moe_combine`` needs (int64), to pass on unchanged."""
+    of the dispatch's buffers; ``recv_scales`` is ``[capacity, 0]`` without ``x_scales`` or ``quantize``;
+    ``handle`` is the routing ``moe_combine`` needs (int64), to pass on unchanged. ``quantize="fp8"``:
+    bf16 ``x`` arrives as fp8 rows with their scales (``trident.ops.moe_dispatch``'s ``quantize``)."""
     from .ops.moe import dispatch as moe
 
     ctx, g = resolve(group)
     d = moe.moe_dispatch(ctx, x.contiguous(), topk_idx.contiguous(), num_experts, max_tokens_per_rank,
-                         x_scales=x_scales, group=g)
+                         x_scales=x_scales, group=g, quantize=quantize)
     scales = d.recv_scales if d.recv_scales is not None else d.recv_x.new_empty((d.capacity, 0), dtype=torch.float32)
     handle = torch.cat([d.handle.recv_j, d.handle.layout, d.handle.sent]).to(torch.int64)
     return (_plain_copy(d.recv_x), d.recv_offsets.clone(), d.recv_counts.clone(), d.recv_src.clone(),
@@ -339,15 +341,16 @@ def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, max_
 
 
 @_fake("moe_dispatch")
-def _(x, topk_idx, num_experts, max_tokens_per_rank, x_scales, group):
+def _(x, topk_idx, num_experts, max_tokens_per_rank, x_scales, group, quantize=None):
     from .ops.moe.dispatch import SCALE_BLOCK
     from .ops.moe.sizing import default_capacity
 
     world = _world(group)
     experts_local = num_experts // world
     rows = default_capacity(world, max_tokens_per_rank, topk_idx.shape[1])
-    scale_cols = x.shape[1] // SCALE_BLOCK if x_scales is not None else 0
-    return (x.new_empty((rows, x.shape[1])), topk_idx.new_empty(experts_local, dtype=torch.int32),
+    scale_cols = x.shape[1] // SCALE_BLOCK if x_scales is not None or quantize else 0
+    rows_dtype = torch.float8_e4m3fn if quantize else x.dtype
+    return (x.new_empty((rows, x.shape[1]), dtype=rows_dtype), topk_idx.new_empty(experts_local, dtype=torch.int32),
             topk_idx.new_empty(experts_local, dtype=torch.int32), topk_idx.new_empty(rows),
             x.new_empty((rows, scale_cols), dtype=torch.float32),
             topk_idx.new_empty(rows + 2 * experts_local + topk_idx.shape[0] * topk_idx.shape[1]))
