@@ -278,8 +278,8 @@ def finish_call(call, team):
             total = tl.load(counter_ptr)
     """
     tl.debug_barrier()  # every thread's stores before the ticket's release
-    ticket = tl.atomic_add(call.sync_ptr + _TICKET, 1, sem="acq_rel", scope="sys")
-    if ticket == tl.num_programs(0) - 1:
+    last = tl.atomic_add(call.sync_ptr + _TICKET, 1, sem="acq_rel", scope="sys") == tl.num_programs(0) - 1
+    if last:
         tl.store(call.sync_ptr + _TICKET, 0)  # the next launch (stream-ordered after this one) counts afresh
         for i in tl.static_range(_WORK_COUNTERS):  # no program of this launch claims any more
             tl.store(call.sync_ptr + _WORK + i, 0)
@@ -289,4 +289,4 @@ def finish_call(call, team):
         arrived = arrived_words(call, team)
         signal(arrived + team.rank + peers * 0, call.epoch, team.rank, peers, team.heap_bases, mask=is_peer)
         wait(arrived + peers, call.epoch, team.rank, team.rank, team.heap_bases, cmp="ge", mask=is_peer)
-    return ticket == tl.num_programs(0) - 1
+    return last

@@ -40,10 +40,11 @@ from ..fused.call import check_tensor
 from ..fused.sync import sync_block
 from .kernels import STATUS_NEEDED, STATUS_WORDS, STATUS_WORST, moe_dispatch_kernel
 from .result import DispatchCount, MoEDispatch, MoEHandle, buffer_names
-from .sizing import SCALE_BLOCK, default_capacity, prefill_capacity
+from .sizing import MASKED_ROWS_ROUNDING, SCALE_BLOCK, prefill_capacity, receive_rows
 
 #: Token dtypes ``moe_dispatch`` moves (bits, unchanged: fp8 is passed through, not requantised).
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
+#: The dtype of fp8 tokens, passed through with ``x_scales`` or made by ``quantize="fp8"``.
 FP8 = torch.float8_e4m3fn
 #: Most experts: the planner holds one count per expert in registers.
 MAX_EXPERTS = 1024
@@ -52,9 +53,6 @@ MAX_EXPERTS = 1024
 TILE_WORDS = 4096
 #: Most (token, j) rows one step of the dispatch moves.
 ROWS_PER_STEP = 16
-#: The masked layout's region (rows per local expert) when the ranks agree on the counts on the host
-#: (``max_tokens_per_rank=None``): the most rows an expert receives, rounded up to this (a GEMM tile's rows).
-MASKED_ROWS_ROUNDING = 64
 #: How ``recv_x`` is laid out: experts one after another, each as long as it needs ("contiguous"),
 #: or a fixed region of ``capacity`` rows per local expert, as DeepGEMM's masked grouped GEMMs read
 #: it ("masked": no count exchange, the decode path).
@@ -99,12 +97,12 @@ def _check_dispatch(ctx, where, x, topk_idx, num_experts, max_tokens_per_rank, c
     if quantize is not None:
         if quantize not in QUANTIZE:
             fail(where, f"quantize={quantize!r} must be None or one of {QUANTIZE}")
-        if x.dtype == torch.float8_e4m3fn or x_scales is not None or hidden % SCALE_BLOCK:
+        if x.dtype == FP8 or x_scales is not None or hidden % SCALE_BLOCK:
             fail(where, f"quantize='fp8' takes bf16, fp16 or fp32 x with H a multiple of {SCALE_BLOCK} and no "
                          f"x_scales (the scales are made on the way); got x {x.dtype} {tuple(x.shape)}"
                          f"{' and x_scales' if x_scales is not None else ''}")
         return
-    if x.dtype != torch.float8_e4m3fn:
+    if x.dtype != FP8:
         if x_scales is not None:
             fail(where, f"x_scales is only for float8_e4m3fn tokens; x is {x.dtype}")
         return
@@ -227,8 +225,7 @@ def _run_dispatch(team, rec, tensors, options) -> None:
         if masked and capacity is not None and received > capacity:  # every rank knows: nothing is sent
             raise CapacityError(describe_capacity_fault(ctx.rank, busiest // experts_local, capacity, received, True))
         if capacity is None:
-            capacity = -(-max(received, 1) // MASKED_ROWS_ROUNDING) * MASKED_ROWS_ROUNDING if masked else \
-                prefill_capacity(received)
+            capacity = prefill_capacity(received, MASKED_ROWS_ROUNDING) if masked else prefill_capacity(received)
     else:
         max_tokens = int(max_tokens_per_rank)
         ctx.agree_in_debug("moe_dispatch", *facts, max_tokens)
@@ -237,10 +234,7 @@ def _run_dispatch(team, rec, tensors, options) -> None:
         ctx.agree_in_debug("moe_dispatch: topk_idx ids outside [-1, num_experts)", bad)
         if bad:
             fail(where, f"topk_idx holds ids outside [-1, {num_experts}): {bad}")
-    if masked:  # a region per local expert: W * M rows holds every token naming it at most once
-        rows = experts_local * (world * max_tokens if capacity is None else int(capacity))
-    else:
-        rows = default_capacity(world, max_tokens, k) if capacity is None else int(capacity)
+    rows = receive_rows(layout, world, max_tokens, k, experts_local, capacity)
     # Every buffer is asked for on every rank with the same size (collective), in the same order. A buffer
     # set's own: what the result holds; shared by the sets: what only lives during a call.
     ws, prefix = workspace(ctx), buffer_names(buffer_set)[0]

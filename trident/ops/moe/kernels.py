@@ -128,9 +128,10 @@ def _claim_slots(ids, valid, cursor_ptr, sizes, team, MASKED: tl.constexpr):
         claimed = atomic_add(cursor_ptr + expert, 1, rank, owners, heap_bases, mask=valid, sem="relaxed")
         keep = valid & (claimed < region)
         over = tl.where(valid & ~keep & (owners != rank), claimed + 1, 0)
-        if tl.max(over, axis=0) > 0:
-            owner = tl.max(tl.where(over == tl.max(over, axis=0), owners, -1), axis=0)
-            record_fault(control_block(rank, heap_bases), ERR_CAPACITY, rank, owner, 1, region, tl.max(over, axis=0))
+        most = tl.max(over, axis=0)
+        if most > 0:
+            owner = tl.max(tl.where(over == most, owners, -1), axis=0)
+            record_fault(control_block(rank, heap_bases), ERR_CAPACITY, rank, owner, 1, region, most)
         slots = expert * region + claimed
     else:
         slots = tl.atomic_add(cursor_ptr + tl.where(valid, ids, 0), 1, mask=valid, sem="relaxed", scope="gpu")

@@ -62,11 +62,14 @@ class MoEDispatch:
     ``masked_m``) and the rest of its region is unused and not cleared.
 
     Attributes:
-        recv_x: ``[capacity, H]``, x's dtype: the received token rows (a view of the heap workspace).
+        recv_x: ``[capacity, H]``, x's dtype (float8_e4m3fn with ``quantize="fp8"``): the received
+            token rows (a view of the heap workspace).
         recv_offsets, recv_counts: ``[E_local]`` int32 device tensors (never read by the host).
         recv_src: ``[capacity]`` int64: each row's origin, ``src_rank * max_tokens_per_rank +
-            token_index``; -1 for unused rows.
-        recv_scales: ``[capacity, H / 128]`` float32, the rows' scales, for fp8 ``x``; else None.
+            token_index``; -1 for unused rows in the contiguous layout (the masked one does not clear
+            its regions' unused rows).
+        recv_scales: ``[capacity, H / 128]`` float32, the rows' scales, for fp8 ``x`` or with
+            ``quantize``; else None.
         num_experts, num_local_experts: E and E / world_size.
         max_tokens_per_rank: the T every rank stays within (given, or agreed by the call).
         capacity: rows of the receive buffers (masked: ``E_local * expert_capacity``).

@@ -39,20 +39,40 @@ def default_capacity(world_size: int, max_tokens_per_rank: int, topk: int) -> in
 
 #: Rows the prefill path's receive buffer is rounded up to (``max_tokens_per_rank=None``).
 PREFILL_ROWS_ROUNDING = 256
+#: The masked layout's region (rows per local expert) on that path: the most rows an expert receives,
+#: rounded up to this (a GEMM tile's rows).
+MASKED_ROWS_ROUNDING = 64
 
 
-def prefill_capacity(received_rows: int) -> int:
+def prefill_capacity(received_rows: int, rounding: int = PREFILL_ROWS_ROUNDING) -> int:
     """The capacity ``moe_dispatch`` takes when ``max_tokens_per_rank`` is None and ``capacity`` is
     None (the prefill path): the most rows any rank receives in this call (the ranks exchange their
-    counts on the host, which that path does anyway), rounded up to :data:`PREFILL_ROWS_ROUNDING` so
-    that calls of similar sizes reuse one buffer. It cannot overflow.
+    counts on the host, which that path does anyway), rounded up to ``rounding`` so that calls of
+    similar sizes reuse one buffer. It cannot overflow. In the masked layout, the most rows any
+    expert receives, rounded up to :data:`MASKED_ROWS_ROUNDING`: the region per local expert.
 
     Example::
 
         prefill_capacity(30)   # 256
+        prefill_capacity(30, MASKED_ROWS_ROUNDING)   # 64
     """
     rows = max(int(received_rows), 1)
-    return -(-rows // PREFILL_ROWS_ROUNDING) * PREFILL_ROWS_ROUNDING
+    return -(-rows // rounding) * rounding
+
+
+def receive_rows(layout: str, world_size: int, max_tokens_per_rank: int, topk: int, experts_local: int,
+                 capacity: int | None = None) -> int:
+    """Rows of a dispatch's receive buffers: contiguous, ``capacity`` or :func:`default_capacity`;
+    masked, ``experts_local`` regions of ``capacity`` rows, or of ``W * max_tokens_per_rank`` (every
+    token of every rank, each naming the expert at most once).
+
+    Example::
+
+        receive_rows("masked", 8, 128, 8, 32)   # 32768
+    """
+    if layout == "masked":
+        return int(experts_local) * (int(world_size) * int(max_tokens_per_rank) if capacity is None else int(capacity))
+    return default_capacity(world_size, max_tokens_per_rank, topk) if capacity is None else int(capacity)
 
 
 def _aligned(nbytes: int) -> int:
@@ -96,10 +116,7 @@ def moe_heap_bytes(tokens_per_rank: int, hidden: int, topk: int, num_experts: in
         need = trident.ops.moe_heap_bytes(4096, 7168, 8, 256, 8, fp8_scales=True)   # about 4.6 GiB
     """
     experts_local = num_experts // world_size
-    if layout == "masked":
-        rows = experts_local * (world_size * tokens_per_rank if capacity is None else int(capacity))
-    else:
-        rows = default_capacity(world_size, tokens_per_rank, topk) if capacity is None else int(capacity)
+    rows = receive_rows(layout, world_size, tokens_per_rank, topk, experts_local, capacity)
     token_bytes = torch.empty((), dtype=dtype).element_size()
     out_bytes = torch.empty((), dtype=combine_dtype or (torch.bfloat16 if token_bytes == 1 else dtype)).element_size()
     staged = tokens_per_rank * topk
@@ -121,4 +138,5 @@ def moe_heap_bytes(tokens_per_rank: int, hidden: int, topk: int, num_experts: in
     return heap_layout.CONTROL_BYTES + sum(_block(b) for b in buffers) + sum(_aligned(b) for b in fixed)
 
 
-__all__ = ["default_capacity", "prefill_capacity", "moe_heap_bytes", "PREFILL_ROWS_ROUNDING"]
+__all__ = ["default_capacity", "prefill_capacity", "receive_rows", "moe_heap_bytes", "PREFILL_ROWS_ROUNDING",
+           "MASKED_ROWS_ROUNDING"]
