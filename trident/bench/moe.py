@@ -172,10 +172,11 @@ def _case(ctx, args, model: str, tokens: int) -> tuple[list[dict], bool]:
         impl = "trident" if layout == "contiguous" else f"trident {layout}"
         for dtype, xs, sc, quantize in (("fp8", x8, scales, None), ("bf16->fp8", x, None, "fp8"),
                                         ("bf16", x, None, None)):
+            in_bytes = hidden * xs.element_size() + (0 if sc is None else sc.shape[1] * 4)  # a row read
             scale_bytes = hidden // 128 * 4 if sc is not None or quantize else 0
             row_bytes = hidden * (1 if quantize else xs.element_size()) + scale_bytes  # a received row
             row = {**base, "op": "dispatch", "dtype": dtype}
-            floor = (tokens * hidden * xs.element_size() + routed * row_bytes, bandwidth)
+            floor = (tokens * in_bytes + routed * row_bytes, bandwidth)
             rows += _time(ctx, args, lambda xs=xs, sc=sc, layout=layout, quantize=quantize: ops.moe_dispatch(
                 ctx, xs, idx, experts, x_scales=sc, max_tokens_per_rank=tokens, layout=layout, quantize=quantize),
                 {**row, "impl": impl}, routed * row_bytes, graphs, floor)
