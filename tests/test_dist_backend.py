@@ -101,6 +101,38 @@ def test_every_collective_runs_on_trident_and_matches_torch():
     assert _counts(_collectives_body) == {"trident": 11, "fallback": 0}
 
 
+def _work_reuse_body(ctx, g):
+    from trident.runtime import host_staging
+
+    made = []
+    init = host_staging.CompletedWork.__init__
+    host_staging.CompletedWork.__init__ = lambda self, result: (made.append(1), init(self, result))[1]
+    try:
+        t = ctx.ones(8)
+        for _ in range(4):  # torch drops each Work after wait(): the group's spare serves them all
+            dist.all_reduce(t, group=g)
+        synchronous = len(made)
+        kept = [dist.all_reduce(torch.full((2,), float(i), device=ctx.device), group=g, async_op=True)
+                for i in range(3)]  # held by the caller: each its own Work, its own result
+    finally:
+        host_staging.CompletedWork.__init__ = init
+    w = ctx.world_size
+    assert float(t[0]) == w ** 4
+    assert len({id(k) for k in kept}) == 3
+    assert [float(k.result()[0][0]) for k in kept] == [0.0, w * 1.0, w * 2.0]
+    return synchronous
+
+
+def test_a_work_nothing_holds_is_reused_and_a_held_one_is_not():
+    results = get_pool(2).run(_in_world_group_returning, _work_reuse_body)
+    assert results == [0, 0], results  # the group's spare Work served the four synchronous calls
+
+
+def _in_world_group_returning(ctx, body):
+    with _world_group(ctx) as g:
+        return body(ctx, g)
+
+
 def _fallback_body(ctx, g):
     w, r, dev = ctx.world_size, ctx.rank, ctx.device
     parts = [torch.empty(6, device=dev) for _ in range(w)]

@@ -98,7 +98,8 @@ class TridentProcessGroup(dist.ProcessGroup):
         #: The all-reduce algorithm of ``dist.all_reduce`` on this group: a row of
         #: ``trident.ccl.ALL_REDUCE_ALGORITHMS`` or "auto" (torch's API has no way to pass one).
         self.algorithm = "auto"
-        self._spare: CompletedWork | None = None
+        self._spare = CompletedWork(None)
+        self._free_refs = self._spare_refs()  # what a spare nothing else holds counts, in this Python
         # The fallback is the group's torch backend too: torch reads the group's name from it, and
         # ops reaching the group through torch's dispatcher (not overridden here) run on it.
         types = dist.ProcessGroup.BackendType
@@ -143,16 +144,20 @@ class TridentProcessGroup(dist.ProcessGroup):
         self.counts[on] += 1
         return self._completed(result) if on == "trident" else result
 
+    def _spare_refs(self) -> int:
+        return sys.getrefcount(self._spare)
+
     def _completed(self, result) -> dist.Work:
         """A completed Work holding ``result``: the last one again when nothing else holds it (torch
         dropped it after ``wait()``), since making a Work costs more than a small collective's host
-        time; a new one otherwise (a caller kept the last, e.g. ``async_op=True``)."""
-        work = self._spare
-        if work is None or sys.getrefcount(work) > 2:  # 2: self._spare and getrefcount's argument
-            work = self._spare = CompletedWork(result)
+        time; a new one otherwise (a caller kept the last, e.g. ``async_op=True``). Whether something
+        else holds it is its reference count against the one measured when nothing did (the count a
+        call site sees differs between Python versions, so it is measured, not assumed)."""
+        if self._spare_refs() > self._free_refs:
+            self._spare = CompletedWork(result)
         else:
-            work.hold(result)
-        return work
+            self._spare.hold(result)
+        return self._spare
 
     # -- what runs on trident -------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
