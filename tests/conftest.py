@@ -86,7 +86,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_collection_finish(session):
+    """Start the sm_90 compile children of the selected tests now (tests/sm90_harness.py says why);
+    not under pytest-xdist, whose every worker collects every test."""
+    config, items = session.config, session.items
+    if hasattr(config, "workerinput") or getattr(config.option, "numprocesses", None) not in (None, 0):
+        return
+    from tests import sm90_harness
+
+    for item in items:
+        marker = item.get_closest_marker("sm90_child")
+        if marker is not None:
+            sm90_harness.start_early(marker.args[0])
+
+
 def pytest_unconfigure(config):
+    from tests import sm90_harness
+
+    sm90_harness.stop_early()
     for daemon in _MPS:
         daemon.stop(wait=False)  # this process is one of the daemon's clients: it quits once we exit
 

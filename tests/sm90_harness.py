@@ -6,6 +6,11 @@ already runs the simulator cannot switch to: each test starts a child process (:
 environment from :func:`child_environment`) whose code builds kernels with :func:`compile_ptx`
 (and :func:`with_ones`) and prints its results as JSON on its last line.
 
+A test marked ``@pytest.mark.sm90_child(CODE)`` has its child started when the session has collected
+it (:func:`start_early`, from conftest), at low priority: each child keeps one core busy for seconds,
+and a serial run leaves part of the other idle (a fault test waiting out a timeout, a launcher
+starting ranks), so the children compile there and the test itself mostly just reads the result.
+
 Example (in a test)::
 
     CHILD = '''
@@ -21,8 +26,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: What trident's kernels are built for: Hopper (H100/H200), CUDA, 32-thread warps.
@@ -39,12 +47,51 @@ def child_environment(tmp_path, **extra) -> dict[str, str]:
     return env
 
 
+#: Children started before their tests (:func:`start_early`): code -> (process, its folder).
+_EARLY: dict[str, tuple[subprocess.Popen, Path]] = {}
+
+
+def start_early(code: str) -> None:
+    """Start the compiling child of ``code`` now, at low priority, in a folder of its own (its output
+    in files there); :func:`run_child` of the same code then waits for it instead of starting one."""
+    if code in _EARLY:
+        return
+    folder = Path(tempfile.mkdtemp(prefix="trident-sm90-"))
+    with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=err, cwd=ROOT,
+                                env=child_environment(folder), preexec_fn=lambda: os.nice(10))
+    _EARLY[code] = (proc, folder)
+
+
+def stop_early() -> None:
+    """End the early children no test collected (a run stopped early, ``-x``), and remove their folders."""
+    while _EARLY:
+        proc, folder = _EARLY.popitem()[1]
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def run_child(code: str, tmp_path, timeout: float = 600) -> dict:
-    """Run ``code`` in a compiling child (:func:`child_environment`); return the JSON of its last line."""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                          env=child_environment(tmp_path), timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """Run ``code`` in a compiling child (:func:`child_environment`), or wait for the one
+    :func:`start_early` started; return the JSON of its last line."""
+    early = _EARLY.pop(code, None)
+    if early is None:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                              env=child_environment(tmp_path), timeout=timeout)
+        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    else:
+        child, folder = early
+        try:
+            returncode = child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            raise
+        finally:
+            stdout, stderr = (folder / "stdout").read_text(), (folder / "stderr").read_text()
+            shutil.rmtree(folder, ignore_errors=True)
+    assert returncode == 0, stderr[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def assert_compiled(code: str, tmp_path, count: int) -> None:

@@ -8,6 +8,8 @@ measures at sys scope, and read ``%globaltimer`` plus make one slot-reserving at
 event only when tracing is on.
 """
 
+import pytest
+
 from tests.sm90_harness import run_child
 
 CHILD = r'''
@@ -70,6 +72,7 @@ print(json.dumps(results))
 '''
 
 
+@pytest.mark.sm90_child(CHILD)
 def test_bench_and_trace_kernels_compile_for_sm90(tmp_path):
     res = run_child(CHILD, tmp_path)
     assert len(res) == 2 * (4 + 6 + 2 + 6 + 2 + 1)

@@ -4,6 +4,8 @@ Triton specializes an integer argument equal to 1 into a compile-time constant, 
 must also compile when ``rank``, ``world_size`` or a size is 1: each kernel is built both ways.
 """
 
+import pytest
+
 from tests.sm90_harness import assert_compiled
 
 CHILD = r'''
@@ -52,5 +54,6 @@ print(json.dumps(results))
 '''
 
 
+@pytest.mark.sm90_child(CHILD)
 def test_collective_kernels_compile_for_sm90_also_with_arguments_equal_to_one(tmp_path):
     assert_compiled(CHILD, tmp_path, 20)

@@ -404,6 +404,7 @@ print(json.dumps(results))
 '''
 
 
+@pytest.mark.sm90_child(COMPILE_CHILD)
 def test_kernel_compiles_for_sm90(tmp_path):
     from tests.sm90_harness import assert_compiled
 

@@ -6,6 +6,8 @@ tracing on (a trace buffer) and the others with it off (``trace_ptr`` None, a co
 descriptor builds must use Hopper's bulk tensor copies and wgmma.
 """
 
+import pytest
+
 from tests.sm90_harness import run_child
 
 CHILD = r'''
@@ -101,6 +103,7 @@ print(json.dumps(results))
 '''
 
 
+@pytest.mark.sm90_child(CHILD)
 def test_ops_kernels_compile_for_sm90_with_tma_and_wgmma(tmp_path):
     results = run_child(CHILD, tmp_path)
     assert len(results) == 22

@@ -569,6 +569,7 @@ print(json.dumps(results))
 '''
 
 
+@pytest.mark.sm90_child(COMPILE_CHILD)
 def test_kernels_compile_for_sm90(tmp_path):
     from tests.sm90_harness import assert_compiled
 
