@@ -100,6 +100,18 @@ def pytest_collection_finish(session):
             sm90_harness.start_early(marker.args[0])
 
 
+def pytest_runtest_logreport(report):
+    """With ``TRIDENT_FAILURE_LOG=PATH``, each failure's report is appended to PATH as it happens (a GPU
+    run cut off at its time limit never prints pytest's summary; under pytest-xdist the controller
+    writes every worker's failures)."""
+    path = os.environ.get("TRIDENT_FAILURE_LOG")
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a") as log:
+            log.write(f"==== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext}\n")
+            for name, text in report.sections:
+                log.write(f"---- {name}\n{text[-4000:]}\n")
+
+
 def pytest_unconfigure(config):
     from tests import sm90_harness
 

@@ -75,9 +75,11 @@ class Step:
 
 def pytest(name: str, *args: str, limit: int) -> Step:
     """A pytest run on the cuda backend (ranks share the GPUs when a test needs more ranks than there are)."""
-    # -v: a run cut short by its time limit still names every test that ran and how it ended.
+    # -v and the failure log (tests/conftest.py): a run cut short by its time limit never prints pytest's
+    # summary, yet still names every test that ran and says why each failure failed.
     return Step(name, ("{py}", "-m", "pytest", "-v", "-p", "no:cacheprovider", "--backend", "cuda", "-rfEs",
-                       "--durations=10", "-o", "timeout=200", *args), limit)
+                       "--durations=10", "-o", "timeout=200", *args), limit,
+                (("TRIDENT_FAILURE_LOG", f"{{out}}/{name}.failures.log"),))
 
 
 def bench(name: str, benchmark: str, ranks: int, *args: str, limit: int, env: dict | None = None) -> Step:
@@ -175,11 +177,11 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _environment(step: Step) -> dict[str, str]:
+def _environment(step: Step, out: str) -> dict[str, str]:
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else ""), "PYTHONUNBUFFERED": "1",
             # Never NVLink multicast on the shared GPU hosts (trident/config.py).
-            **config.NO_MULTICAST_ENV, **dict(step.env)}
+            **config.NO_MULTICAST_ENV, **{k: v.replace("{out}", out) for k, v in step.env}}
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -210,7 +212,7 @@ def run_step(step: Step, out: str, limit: float) -> dict:
     with open(log, "w") as f:
         try:
             # A session of its own, so a timeout ends the ranks the step started with it.
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=_environment(step), stdout=f, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=_environment(step, out), stdout=f, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         except OSError as exc:
             f.write(f"could not start: {exc}\n")
