@@ -113,30 +113,38 @@ def outcome(fn, signature: dict, constexprs: dict | None = None, check: str | No
     return "ok" if check is None or check in ptx else f"no {check} in the PTX"
 
 
-def compile_ptx(fn, signature: dict, constexprs: dict | None = None, aligned=(), num_warps: int = 4,
-                num_stages: int | None = None) -> str:
-    """Compile the ``@triton.jit`` function ``fn`` for sm_90 (in a child: the cuda backend); return its PTX.
+#: Shared memory one program may use on a Hopper SM (227 KiB): a kernel that asks for more does not launch.
+HOPPER_SHARED_BYTES = 232448
+
+
+def compile_kernel(fn, signature: dict, constexprs: dict | None = None, aligned=(), num_warps: int = 4,
+                   num_stages: int | None = None):
+    """Compile the ``@triton.jit`` function ``fn`` for sm_90 (in a child: the cuda backend); return the
+    compiled kernel (``.asm["ptx"]``, ``.metadata.shared``: its shared memory per program, in bytes).
 
     Args:
         signature: argument name -> Triton type (``"*fp16"``, ``"i32"``, ``"constexpr"``, ...).
-        constexprs: values of the ``constexpr`` arguments.
-        aligned: arguments promised 16-byte divisible, as Triton's launcher specializes heap tensors.
+        constexprs: values of the ``constexpr`` arguments (an element of a tuple argument: keyed
+            ``(argument index, element index)``).
+        aligned: arguments promised 16-byte divisible, as Triton's launcher specializes heap tensors
+            and sizes: a name, or ``(name, i)`` for element ``i`` of a tuple argument.
     """
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    attrs = {(fn.arg_names.index(arg),): [["tt.divisibility", 16]] for arg in aligned if arg in signature}
+    def key(arg):
+        name, *element = (arg,) if isinstance(arg, str) else arg
+        return (fn.arg_names.index(name), *element)
+
+    attrs = {key(arg): [["tt.divisibility", 16]] for arg in aligned
+             if (arg if isinstance(arg, str) else arg[0]) in signature}
     options = {"num_warps": num_warps} | ({} if num_stages is None else {"num_stages": num_stages})
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs or {}, attrs=attrs)
-    return triton.compile(source, target=GPUTarget(*TARGET), options=options).asm["ptx"]
+    return triton.compile(source, target=GPUTarget(*TARGET), options=options)
 
 
-def with_ones(signature: dict, constexprs: dict, names) -> tuple[dict, dict]:
-    """``(signature, constexprs)`` as Triton specializes them when the integer arguments ``names``
-    are 1 (rank 1, world size 1, ...): they become constants, and a kernel must compile that way too."""
-    signature, constexprs = dict(signature), dict(constexprs)
-    for arg in names:
-        if arg in signature:
-            signature[arg], constexprs[arg] = "constexpr", 1
-    return signature, constexprs
+def compile_ptx(fn, signature: dict, constexprs: dict | None = None, aligned=(), num_warps: int = 4,
+                num_stages: int | None = None) -> str:
+    """The PTX of :func:`compile_kernel` (same arguments)."""
+    return compile_kernel(fn, signature, constexprs, aligned, num_warps, num_stages).asm["ptx"]

@@ -188,9 +188,15 @@ def _group_cycles_body(ctx, cycles, heap_size):
         with open("/proc/self/maps") as f:
             return sum("trident-" in line for line in f)
 
+    def held_by_all():  # the GPU's memory is shared: measure only while every rank is at the same point
+        ctx.barrier()
+        value = held()
+        ctx.barrier()
+        return value
+
     gc.disable()
     try:
-        before, seen = held(), []
+        before, seen = held_by_all(), []
         for _ in range(cycles):
             c = trident.init(heap_size=heap_size)
             g = c.new_group(list(range(c.world_size)), workspace_bytes=1 << 20)
@@ -206,7 +212,7 @@ def _group_cycles_body(ctx, cycles, heap_size):
             del x, y, z, g, pg
             c.close()
             del c
-            seen.append(held())
+            seen.append(held_by_all())
         return before, seen
     finally:
         gc.enable()

@@ -107,10 +107,11 @@ def test_a_tensor_made_inside_outlives_its_closed_context_safely(pool2):
 
 def _graph_outputs(ctx):
     x = torch.randn(64, 64, device=ctx.device)
-    graph = torch.cuda.CUDAGraph()
-    with ctx.heap_allocations():
-        y = x @ x  # warm-up outside capture
-    with torch.cuda.graph(graph, pool=ctx.mem_pool.id):
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on the capture stream: cuBLAS makes its workspace for it now
+        y = x @ x
+    with torch.cuda.graph(graph, pool=ctx.mem_pool.id, stream=stream):
         y = x @ x
     graph.replay()
     torch.cuda.synchronize()

@@ -8,11 +8,11 @@ descriptor builds must use Hopper's bulk tensor copies and wgmma.
 
 import pytest
 
-from tests.sm90_harness import run_child
+from tests.sm90_harness import HOPPER_SHARED_BYTES, run_child
 
 CHILD = r'''
 import json
-from tests.sm90_harness import compile_ptx
+from tests.sm90_harness import compile_kernel
 from trident.ops.tensor_parallel import all_gather_gemm_kernels as AG
 from trident.ops.tensor_parallel import gemm_all_scatter_kernels as G
 from trident.ops.tensor_parallel import gemm_reduce_kernels as R
@@ -40,17 +40,19 @@ def ab(tma):
         return {"a": f"tensordesc<bf16[{BM}, {BK}]>", "b": f"tensordesc<bf16[{BK}, {BN}]>", "c": "*bf16"}
     return {"a": "*bf16", "b": "*bf16", "c": "*bf16"}
 
-def build(fn, sig, cst, warps=8, stages=3):
-    cst = dict(nones(sig), **cst)
-    sig = dict(sig, **{k: "constexpr" for k in cst})
+def build(fn, sig, cst, warps=8, stages=3, aligned=()):
+    cst = {**nones(sig), **cst}
+    sig = dict(sig, **{k: "constexpr" for k in cst if isinstance(k, str)})
     sig = {arg: sig[arg] for arg in fn.arg_names}  # in the kernel's order
-    return compile_ptx(fn, sig, cst, num_warps=warps, num_stages=stages)
+    return compile_kernel(fn, sig, cst, aligned, num_warps=warps, num_stages=stages)
 
 results = {}
-def case(name, fn, sig, cst):
+def case(name, fn, sig, cst, **how):
     try:
-        ptx = build(fn, sig, cst)
-        results[name] = {"ok": True, "wgmma": "wgmma" in ptx, "tma": "cp.async.bulk.tensor" in ptx}
+        kernel = build(fn, sig, cst, **how)
+        ptx = kernel.asm["ptx"]
+        results[name] = {"ok": True, "wgmma": "wgmma" in ptx, "tma": "cp.async.bulk.tensor" in ptx,
+                         "shared": kernel.metadata.shared}
     except Exception as exc:
         results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-1500:]}
 
@@ -87,6 +89,17 @@ case("all_gather_gemm pull tma=False", AG.pull_kernel, {**agg, **sync(False), **
 case("all_gather_gemm gather tma=False", AG.gather_gemm_kernel,
      {**agg, "a_full": "*bf16", "gather_programs": "i32", **sync(True), **WORLD},
      dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
+# As the op launches it on fp32 (the tiles and stages pick_config gives fp32), with the launcher's
+# specializations (aligned pointers and row strides, unit strides as constants): its pipelined K loop
+# must fit a Hopper SM's shared memory (two loops, one per source of A, once asked for 384 KiB).
+F32 = {"a_local": "*fp32", "a_full": "*fp32", "b": "*fp32", "c": "*fp32", **SHAPE,
+       "strides": (I32, "constexpr", I32, "constexpr", I32)}
+AG_ARGS = AG.gather_gemm_kernel.arg_names
+case("all_gather_gemm gather fp32 tma=False", AG.gather_gemm_kernel,
+     {**F32, "gather_programs": "i32", **sync(False), **WORLD},
+     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "WORLD_BLOCK": 8,
+      (AG_ARGS.index("strides"), 1): 1, (AG_ARGS.index("strides"), 3): 1},
+     warps=4, stages=3, aligned=("a_local", "a_full", "b", "c", ("strides", 0), ("strides", 2), ("strides", 4)))
 # gemm_reduce_scatter pushes each tile to its owner, gemm_all_reduce to every rank (TO_EVERY_RANK).
 # Their tile config is one constexpr tuple (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M).
 for to_every_rank, op in ((False, "gemm_reduce_scatter"), (True, "gemm_all_reduce")):
@@ -106,9 +119,11 @@ print(json.dumps(results))
 @pytest.mark.sm90_child(CHILD)
 def test_ops_kernels_compile_for_sm90_with_tma_and_wgmma(tmp_path):
     results = run_child(CHILD, tmp_path)
-    assert len(results) == 22
+    assert len(results) == 23
     failed = {k: v["error"] for k, v in results.items() if not v["ok"]}
     assert not failed, failed
+    too_big = {k: v["shared"] for k, v in results.items() if v["shared"] > HOPPER_SHARED_BYTES}
+    assert not too_big, f"shared memory per program past a Hopper SM's {HOPPER_SHARED_BYTES} bytes: {too_big}"
     for name, r in results.items():
         if not name.startswith(("scatter", "reduce_slots")):  # the others hold a GEMM
             assert r["wgmma"], f"{name}: no wgmma in the PTX"

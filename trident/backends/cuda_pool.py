@@ -61,6 +61,22 @@ class HeapMemPool:
         self.pool: torch.cuda.MemPool | None = torch.cuda.MemPool(self.allocator)  # None once the context closed
 
 
+def live_blocks(pool: torch.cuda.MemPool, base: int) -> list[tuple[int, int]]:
+    """``(offset from base, bytes)`` of every block of ``pool`` a tensor holds now, in address order: where
+    torch has put the pool's live tensors inside the segments it took (the heap sees only segments).
+
+    Example::
+
+        live_blocks(ctx.mem_pool, heap_base)   # [(0, 512), (512, 1024), ...]
+    """
+    try:
+        segments = torch.cuda.memory_snapshot(pool.id, include_traces=False)
+    except TypeError:  # torch < 2.12 takes no include_traces (its snapshot has no traces unless recording)
+        segments = torch.cuda.memory_snapshot(pool.id)
+    return sorted((block["address"] - base, block["size"]) for segment in segments for block in segment["blocks"]
+                  if block["state"] == "active_allocated")
+
+
 def _address(callback) -> int:
     """The C address of a ctypes callback."""
     address = ctypes.cast(callback, ctypes.c_void_p).value

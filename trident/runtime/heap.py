@@ -98,8 +98,9 @@ class SymmetricHeapMixin(TensorFactory):
 
     def _compare_digests(self, what: str) -> None:
         """Raise :class:`DivergenceError` on every rank unless the ranks' allocation histories agree (collective)."""
-        a = self._allocator
-        mine = f"{a.digest} after {a.ops} heap operations (last: {a.last_op})"
+        a, pool = self._allocator, self._resources.heap_pool
+        layout = pool.layout_digest() if pool is not None else ""  # tensors inside heap_allocations' segments
+        mine = f"{a.digest}{layout} after {a.ops} heap operations (last: {a.last_op})"
         states = [v.decode() for v in self._rendezvous.all_gather(what, mine.encode())]
         if len(set(s.split(" ", 1)[0] for s in states)) > 1:
             listing = "; ".join(f"rank {r}: {s}" for r, s in enumerate(states))

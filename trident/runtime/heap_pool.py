@@ -17,7 +17,8 @@ and a CUDA graph's outputs need no staging.
   (``torch.matmul``, ``x + 1``) stay plain there: write them into a heap tensor with ``out=``.
 
 Ranks that allocate the same sizes in the same order get the same heap offsets, as with
-``ctx.empty``; the allocation digest every ``ctx.barrier()`` compares covers these allocations too,
+``ctx.empty``; the allocation digest every ``ctx.barrier()`` compares covers these allocations too
+(on a GPU also where the pool's live tensors lie inside its segments: :meth:`HeapPool.layout_digest`),
 so ranks that diverge are told at the next barrier (or at the allocation in debug mode, in the
 simulator). trident's collectives never assume a peer's offset (each call exchanges where every
 rank's operand lies), so a divergence cannot make them write to a wrong place.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -119,6 +121,19 @@ class HeapPool:
                 lambda n: self.segments.take(n, f"ctx.heap_allocations(): a pool segment of {n} bytes"),
                 self.segments.give_back, self._failed)
             self.mem_pool = self._gpu.pool
+
+    def layout_digest(self) -> str:
+        """What ``ctx.barrier()`` compares besides the heap allocator's digest: on a GPU, where the pool's
+        live tensors lie (torch splits a segment into blocks, so ranks out of step by one small tensor
+        take the same segments and differ only inside them); "" in the simulator (each tensor made in
+        the block is a heap allocation of its own, in the allocator's digest) and while the pool holds
+        nothing."""
+        if self._gpu is None or self.mem_pool is None or not self.segments.live:
+            return ""
+        from ..backends.cuda_pool import live_blocks
+
+        blocks = live_blocks(self.mem_pool, self.segments.base)
+        return "+pool:" + hashlib.sha256(repr(blocks).encode()).hexdigest()[:12]
 
     def _failed(self, exc: BaseException) -> None:
         self.segments.failure = exc

@@ -19,13 +19,22 @@ from typing import TypeVar, cast
 import torch
 
 from ..errors import HeapExhaustedError, TridentError
+from .device_loss import raise_explained
 
 T = TypeVar("T")
 
 
 def _capturing(ctx) -> bool:
-    """Whether this rank's current stream is being captured into a CUDA graph (never in the simulator)."""
-    return not ctx.platform.simulator and torch.cuda.is_current_stream_capturing()
+    """Whether this rank's current stream is being captured into a CUDA graph (never in the simulator).
+
+    The first CUDA call of every trident call: after a peer died mid-kernel under MPS it is the one that
+    meets CUDA's sticky error, so that error is raised naming the lost peer (:mod:`.device_loss`)."""
+    if ctx.platform.simulator:
+        return False
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except RuntimeError as error:
+        raise_explained(ctx, error)
 
 
 def refuse_in_capture(team, what: str) -> None:

@@ -126,18 +126,17 @@ def gather_gemm_kernel(
     while tile < tiles:
         src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
         t0 = trace.now_if(TRACE)
-        if src == rank:  # my own rows: where they are
-            acc = tile_dot(Gemm(a_local, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False),
-                           pid_m, pid_n)
-        else:
+        own = src == rank  # my own rows are read where they are, with no wait
+        if not own:
             wait(flags + src * blocks + pid_m, call.epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
             trace.record(trace_ptr, trace.WAIT, tile, src, t0, rank, TRACE)
             t0 = trace.now_if(TRACE)
-            # a_full was written by this kernel with ordinary stores: read it with ordinary loads
-            # too (a TMA read would need a generic-to-async proxy fence first).
-            shard = a_full + tl.cast(src, tl.int64) * m * K
-            acc = tile_dot(Gemm(shard, b, shape, (K, 1, strides[2], strides[3]), BLOCK_M, BLOCK_N, BLOCK_K,
-                                GROUP_M, False), pid_m, pid_n)
+        # One tile_dot for both sources (two would pipeline two K loops, each with its own shared-memory
+        # stages: past the 227 KiB a Hopper SM has at the default tiles). a_full was written by this
+        # kernel with ordinary stores: read with ordinary loads too (TMA would need a proxy fence first).
+        a_rows = tl.where(own, a_local, a_full + tl.cast(src, tl.int64) * m * K)
+        a_strides = (tl.where(own, strides[0], K), tl.where(own, strides[1], 1), strides[2], strides[3])
+        acc = tile_dot(Gemm(a_rows, b, shape, a_strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False), pid_m, pid_n)
         _store_rows(c, shape, strides, src, acc, pid_m, pid_n, BLOCK_M, BLOCK_N)
         trace.record(trace_ptr, trace.COMPUTE, tile, src, t0, rank, TRACE)
         tile = claim_work(call, 1)
