@@ -148,3 +148,13 @@ def compile_ptx(fn, signature: dict, constexprs: dict | None = None, aligned=(),
                 num_stages: int | None = None) -> str:
     """The PTX of :func:`compile_kernel` (same arguments)."""
     return compile_kernel(fn, signature, constexprs, aligned, num_warps, num_stages).asm["ptx"]
+
+
+def with_ones(signature: dict, constexprs: dict, names) -> tuple[dict, dict]:
+    """``(signature, constexprs)`` as Triton specializes them when the integer arguments ``names``
+    are 1 (rank 1, world size 1, ...): they become constants, and a kernel must compile that way too."""
+    signature, constexprs = dict(signature), dict(constexprs)
+    for arg in names:
+        if arg in signature:
+            signature[arg], constexprs[arg] = "constexpr", 1
+    return signature, constexprs
