@@ -61,6 +61,32 @@ def test_repeated_calls_replay_their_plan_with_new_data(pool, plain):
         assert plans == 5  # one plan per collective: the second and third calls replayed it
 
 
+def _all_to_all_v_new_splits(ctx):
+    """all_to_all_v three times on the same buffers, the split sizes new every call (the rows each rank
+    sends and receives in all stay the same): one entry, replayed with each call's splits."""
+    w, r = ctx.world_size, ctx.rank
+
+    def rows(sender, receiver, step):  # 3 for one receiver per sender (a new one each step), else 5
+        return 3 if (receiver - sender - step) % w == 0 else 5
+
+    total = 3 + 5 * (w - 1)
+    inp, out, wrong = ctx.zeros(total, 2), torch.zeros(total, 2, device=ctx.device), []
+    for step in range(3):
+        sends = [rows(r, p, step) for p in range(w)]
+        inp.copy_(torch.cat([torch.full((sends[p], 2), 1000.0 * r + 10 * p + step) for p in range(w)]))
+        ccl.all_to_all_v(ctx, out, inp, [rows(p, r, step) for p in range(w)], sends)
+        want = torch.cat([torch.full((rows(p, r, step), 2), 1000.0 * p + 10 * r + step) for p in range(w)])
+        if not torch.equal(out.cpu(), want):
+            wrong.append(f"step {step}: {out[:, 0].tolist()}")
+    return wrong, len(ctx.call_cache)
+
+
+def test_all_to_all_v_replays_with_each_calls_split_sizes(pool):
+    for wrong, entries in pool.run(_all_to_all_v_new_splits):
+        assert not wrong, wrong
+        assert entries == 1  # the splits are not in the key: the second and third calls replayed the first
+
+
 def _other_memory_and_options(ctx):
     x = ctx.zeros(64)
     y = ctx.zeros(64)

@@ -57,6 +57,9 @@ class Op:
             generic :class:`TopologyError`).
         cacheable: ``cacheable(options)``: whether a call may be kept (False e.g. with a trace), or
             None (always).
+        key_options: ``key_options(options)``: the part of the options a kept call is looked up by,
+            or None (all of them). Options left out (all_to_all_v's split sizes) must reach the
+            replay only through the recording's :meth:`~trident.calls.recording.Recording.per_call` steps.
     """
 
     name: str
@@ -66,6 +69,7 @@ class Op:
     across_nodes: Callable | None = None
     cacheable: Callable | None = None
     refusal: Callable | None = None
+    key_options: Callable | None = None
 
 
 def run_call(team: Team, op: Op, tensors: tuple, options: tuple = ()):
@@ -95,12 +99,13 @@ def run_call(team: Team, op: Op, tensors: tuple, options: tuple = ()):
     cache = team.call_cache
     key = None
     if not team.debug and (op.cacheable is None or op.cacheable(options)):
-        key = layout_key(op.name, tensors, options, team.heap_range)
+        key = layout_key(op.name, tensors, options if op.key_options is None else op.key_options(options),
+                         team.heap_range)
         if key is not None:
             entry = cache.get(key)
             if entry is not None:
                 try:
-                    entry.replay(tensors)
+                    entry.replay(tensors, options)
                 except RuntimeError as error:
                     raise_explained(team, error)
                 return entry

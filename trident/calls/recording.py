@@ -69,7 +69,7 @@ class _Launch:
     def __init__(self, run, values: list, refs: list):
         self.run, self.values, self.refs = run, values, refs
 
-    def __call__(self, ptrs, tensors) -> None:
+    def __call__(self, ptrs, tensors, options) -> None:
         values = self.values.copy()
         for pos, slot, offset, descriptor in self.refs:
             if descriptor is None:
@@ -88,7 +88,7 @@ class _Interpret:
         self.kernel, self.grid, self.args, self.refs = kernel, grid, args, refs
         self.constexprs, self.options = constexprs, options
 
-    def __call__(self, ptrs, tensors) -> None:
+    def __call__(self, ptrs, tensors, options) -> None:
         args = list(self.args)
         for pos, slot, offset, geometry, descriptor in self.refs:
             view = _view(tensors[slot], offset, *geometry)
@@ -105,7 +105,7 @@ class _Copy:
     def __init__(self, ends, nbytes: int, on_gpu: bool, geometry):
         self.ends, self.nbytes, self.on_gpu, self.geometry = ends, nbytes, on_gpu, geometry
 
-    def __call__(self, ptrs, tensors) -> None:
+    def __call__(self, ptrs, tensors, options) -> None:
         if self.on_gpu:
             to, frm = ((ptrs[slot] + at) if slot is not None else at for slot, at in self.ends)
             _memcpy(to, frm, self.nbytes)
@@ -204,7 +204,16 @@ class Recording:
         if now:
             step()
         self.generations.add(self._generation())
-        self.steps.append(lambda ptrs, tensors: step())
+        self.steps.append(lambda ptrs, tensors, options: step())
+
+    def per_call(self, step, options: tuple) -> None:
+        """Run ``step(options)`` now with this call's ``options`` and in every replay with that call's:
+        host work that follows the call's options rather than its operands' addresses (writing
+        all_to_all_v's split table into heap memory), for an op whose key leaves those options out
+        (:attr:`trident.calls.Op.key_options`)."""
+        step(options)
+        self.generations.add(self._generation())
+        self.steps.append(lambda ptrs, tensors, options: step(options))
 
     def own(self, *tensors: torch.Tensor) -> None:
         """Keep ``tensors`` (scratch the call made and launches on) alive with the recording; replays reuse them."""
@@ -220,14 +229,15 @@ class Recording:
         self.kept = False
 
     # -- later calls ------------------------------------------------------------------------------
-    def replay(self, tensors: tuple) -> None:
-        """Run the call again on ``tensors`` (the same layout as the recorded ones)."""
+    def replay(self, tensors: tuple, options: tuple = ()) -> None:
+        """Run the call again on ``tensors`` (the same layout as the recorded ones) and ``options``
+        (which only :meth:`per_call` steps read: the rest are in the cache key)."""
         if self.rerun is not None:
             self.rerun(*tensors)
             return
         ptrs = [0 if t is None else t.data_ptr() for t in tensors]
         for step in self.steps:
-            step(ptrs, tensors)
+            step(ptrs, tensors, options)
 
     def _classify(self, t: torch.Tensor, what: str):
         """``(operand, byte offset)`` for memory inside an operand (bound per replay), ``(None, None)``

@@ -250,13 +250,14 @@ BROADCAST = Op("broadcast", _check_broadcast, _run_broadcast,
                facts=lambda tensors, options: (tuple(tensors[0].shape), tensors[0].dtype, options[0]))
 
 
-# -- all_to_all_v: split sizes differ from call to call, so nothing is kept ----------------------
+# -- all_to_all_v: kept by layout; the split sizes, which differ from call to call, fill the table --------
 
-def _split_table(team: Team, in_splits, out_splits, rows_in: int, rows_out: int) -> torch.Tensor:
+def _split_table(team: Team, in_splits, out_splits, rows_in: int, rows_out: int) -> None:
     """Fill this rank's split table: rows sent to each rank, where they start, where received rows go.
 
-    Splits given on the host (lists, CPU tensors) are checked here; splits already on the GPU are
-    not, since checking them would make the host wait for the device (and break graph capture).
+    Splits given on the host (lists, CPU tensors) are checked here and the table is made on the host
+    and copied in once; splits already on the GPU are not checked, since checking them would make the
+    host wait for the device (and break graph capture), and the table is computed there.
     """
     table = workspace(team).table
     w = team.world_size
@@ -273,11 +274,14 @@ def _split_table(team: Team, in_splits, out_splits, rows_in: int, rows_out: int)
         if not on_device and (int(s.sum()) != rows or bool((s < 0).any())):
             raise ValueError(f"{team.who()}: all_to_all_v: {name} {s.tolist()} must be non-negative and sum "
                              f"to the {rows} rows along dim 0")
-        sizes.append(s.reshape(-1).to(device=team.device, dtype=torch.int64))
-    table[:w] = sizes[0]
-    table[w:2 * w] = torch.cumsum(sizes[0], 0) - sizes[0]
-    table[2 * w:] = torch.cumsum(sizes[1], 0) - sizes[1]
-    return table
+        sizes.append(s.reshape(-1).to(torch.int64))
+    if all(s.is_cpu for s in sizes):  # one copy to the device
+        table[:3 * w].copy_(torch.cat([sizes[0], sizes[0].cumsum(0) - sizes[0], sizes[1].cumsum(0) - sizes[1]]))
+        return
+    sent, received = (s.to(team.device) for s in sizes)
+    table[:w] = sent
+    table[w:2 * w] = torch.cumsum(sent, 0) - sent
+    table[2 * w:3 * w] = torch.cumsum(received, 0) - received
 
 
 def _check_all_to_all_v(team: Team, tensors: tuple, options: tuple) -> None:
@@ -293,15 +297,17 @@ def _check_all_to_all_v(team: Team, tensors: tuple, options: tuple) -> None:
 
 def _run_all_to_all_v(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
-    table = _split_table(team, options[1], options[0], inp.shape[0], out.shape[0])
+    rows_in, rows_out = inp.shape[0], out.shape[0]
+    # The table follows each call's splits (they are not in the cache key: a replay refills it).
+    rec.per_call(lambda splits: _split_table(team, splits[1], splits[0], rows_in, rows_out), options)
     # Row counts differ between ranks: launch the limit (program pid must meet pid everywhere).
-    _launch(team, rec, kernels.all_to_all_kernel, None, inp, out, table, math.prod(inp.shape[1:]), 0,
-            EQUAL=False, BLOCK=_block(team, out.numel()))
+    _launch(team, rec, kernels.all_to_all_kernel, None, inp, out, workspace(team).table,
+            math.prod(inp.shape[1:]), 0, EQUAL=False, BLOCK=_block(team, out.numel()))
 
 
 ALL_TO_ALL_V = Op("all_to_all_v", _check_all_to_all_v, _run_all_to_all_v,
                   facts=lambda tensors, options: (tuple(tensors[1].shape[1:]), tensors[1].dtype),
-                  cacheable=lambda options: False)
+                  key_options=lambda options: ())
 
 #: Every collective, by name: what the public API, ``torch.ops.trident`` and the dist backend run.
 COLLECTIVES = {op.name: op for op in (ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL, BROADCAST, ALL_TO_ALL_V)}

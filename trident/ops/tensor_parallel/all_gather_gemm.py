@@ -32,8 +32,11 @@ from . import all_gather_gemm_kernels as kernels
 #: ``auto``'s measured choices, as :data:`trident.ops.AUTO_TABLE` (docs/tensor-parallel-ops.md), from
 #: ``python -m trident.bench.auto_table``. One H200, one rank: ``fused_sequential`` was the fastest at
 #: both default shapes, 1-4% ahead of ``baseline`` (``trident bench all-gather-gemm -n 1``,
-#: docs/results/h200-2026-12-03b/all_gather_gemm.json). No several-GPU run yet: there ``baseline``.
-AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {("H200", 1): [(0, "fused_sequential")]}
+#: docs/results/h200-2026-12-03b/all_gather_gemm.json). One H100, one rank: ``fused_sequential`` too,
+#: 2-7% ahead of ``baseline`` (docs/results/h100-2026-12-05/all_gather_gemm_1). No several-GPU run
+#: yet: there ``baseline``.
+AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {("H200", 1): [(0, "fused_sequential")],
+                                                            ("H100", 1): [(0, "fused_sequential")]}
 #: Programs that gather in ``workgroup_specialized`` on a GPU, when not given.
 GPU_COMM_PROGRAMS = 16
 

@@ -35,8 +35,10 @@ from . import gemm_all_scatter_kernels as kernels
 #: first. Only figures measured on that many GPUs of that kind belong here (docs/gemm-all-scatter.md);
 #: where nothing applies ``auto`` runs ``baseline``. One H200, one rank: ``bulk_synchronous`` was the
 #: fastest pattern or within 0.5% of it at all four default shapes, 2-19% ahead of ``baseline``
-#: (``trident bench gemm-all-scatter -n 1``, docs/results/h200-2026-12-04/gas_1.json).
-AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {("H200", 1): [(0, "bulk_synchronous")]}
+#: (``trident bench gemm-all-scatter -n 1``, docs/results/h200-2026-12-04/gas_1.json). One H100, one
+#: rank: the same, 2-19% ahead of ``baseline`` (docs/results/h100-2026-12-05/gemm_all_scatter_1).
+AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {("H200", 1): [(0, "bulk_synchronous")],
+                                                            ("H100", 1): [(0, "bulk_synchronous")]}
 
 
 def gpu_comm_programs(world_size: int) -> int:
