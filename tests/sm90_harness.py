@@ -133,12 +133,11 @@ def compile_kernel(fn, signature: dict, constexprs: dict | None = None, aligned=
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    def key(arg):
+    attrs = {}
+    for arg in aligned:
         name, *element = (arg,) if isinstance(arg, str) else arg
-        return (fn.arg_names.index(name), *element)
-
-    attrs = {key(arg): [["tt.divisibility", 16]] for arg in aligned
-             if (arg if isinstance(arg, str) else arg[0]) in signature}
+        if name in signature:
+            attrs[(fn.arg_names.index(name), *element)] = [["tt.divisibility", 16]]
     options = {"num_warps": num_warps} | ({} if num_stages is None else {"num_stages": num_stages})
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs or {}, attrs=attrs)
     return triton.compile(source, target=GPUTarget(*TARGET), options=options)

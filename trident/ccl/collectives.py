@@ -255,9 +255,9 @@ BROADCAST = Op("broadcast", _check_broadcast, _run_broadcast,
 def _split_table(team: Team, in_splits, out_splits, rows_in: int, rows_out: int) -> None:
     """Fill this rank's split table: rows sent to each rank, where they start, where received rows go.
 
-    Splits given on the host (lists, CPU tensors) are checked here and the table is made on the host
-    and copied in once; splits already on the GPU are not checked, since checking them would make the
-    host wait for the device (and break graph capture), and the table is computed there.
+    Splits given on the host (lists, CPU tensors) are checked here, and the table is made on the host;
+    splits already on the GPU are not checked, since checking them would make the host wait for the
+    device (and break graph capture), and the table is made there. Either way one copy fills it.
     """
     table = workspace(team).table
     w = team.world_size
@@ -275,13 +275,10 @@ def _split_table(team: Team, in_splits, out_splits, rows_in: int, rows_out: int)
             raise ValueError(f"{team.who()}: all_to_all_v: {name} {s.tolist()} must be non-negative and sum "
                              f"to the {rows} rows along dim 0")
         sizes.append(s.reshape(-1).to(torch.int64))
-    if all(s.is_cpu for s in sizes):  # one copy to the device
-        table[:3 * w].copy_(torch.cat([sizes[0], sizes[0].cumsum(0) - sizes[0], sizes[1].cumsum(0) - sizes[1]]))
-        return
-    sent, received = (s.to(team.device) for s in sizes)
-    table[:w] = sent
-    table[w:2 * w] = torch.cumsum(sent, 0) - sent
-    table[2 * w:3 * w] = torch.cumsum(received, 0) - received
+    if not all(s.is_cpu for s in sizes):  # one side on the GPU: make the table there
+        sizes = [s.to(team.device) for s in sizes]
+    sent, received = sizes
+    table[:3 * w].copy_(torch.cat([sent, sent.cumsum(0) - sent, received.cumsum(0) - received]))
 
 
 def _check_all_to_all_v(team: Team, tensors: tuple, options: tuple) -> None:
