@@ -323,6 +323,13 @@ def test_latency_host_time_round_trip_and_small_collectives(pool2, tmp_path):
     assert heap["value"] == pytest.approx(host["all_reduce 1 KiB (heap)"]["host_us"] / host[reference]["host_us"],
                                           rel=1e-2)
     assert "host time of gemm_all_scatter small / torch.matmul" in goals
+    floor = goals["host time of torch.ops all_reduce less the custom-op floor / ccl all_reduce (plain)"]
+    custom_op, custom_floor = (host[n]["host_us"] for n in ("torch.ops all_reduce 1 KiB (plain, fresh out)",
+                                                            "custom op floor (dispatch + fresh out)"))
+    assert floor["value"] == pytest.approx((custom_op - custom_floor) / host["all_reduce 1 KiB (plain)"]["host_us"],
+                                           rel=1e-2, abs=1e-3)
+    # every dist row ran on trident (the benchmark's times are trident's, not the fallback's)
+    assert rec["dist_backend_counts"]["trident"] > 0 and rec["dist_backend_counts"]["fallback"] == 0
 
 
 def test_tp_layer_times_the_decoder_layer(pool2, tmp_path):

@@ -291,14 +291,23 @@ def test_all_to_all_v_with_a_rank_that_sends_nothing_and_one_that_receives_nothi
 
 
 def _broadcast_body(ctx):
+    """In place, and (every other case) into ``out`` on the other placement, ``tensor`` left as it was."""
     w, me, problems = ctx.world_size, ctx.rank, []
     for i, dtype, k, place in _rotation(8):
-        shape, src, heap = SHAPES[k], (i + w - 1) % w, place != "plain"
-        what = f"rank {me}/{w} broadcast src={src} {dtype} {shape} {'heap' if heap else 'plain'}"
+        shape, src, heap, into = SHAPES[k], (i + w - 1) % w, place != "plain", i % 2 == 1
+        what = (f"rank {me}/{w} broadcast src={src} {dtype} {shape} {'heap' if heap else 'plain'}"
+                + (f" into a {'plain' if heap else 'heap'} out" if into else ""))
         tensor, buf = _output(ctx, shape, dtype, heap)
         tensor.copy_(_data(me, shape, dtype))
-        result = ccl.broadcast(ctx, tensor, src)
-        problems += _check_output(what, result, tensor, buf, _data(src, shape, dtype))
+        if into:
+            out, out_buf = _output(ctx, shape, dtype, not heap)
+            result = ccl.broadcast(ctx, tensor, src, out=out)
+            problems += _check_output(what, result, out, out_buf, _data(src, shape, dtype))
+            problems += _diff(f"{what} (tensor changed)", tensor, _data(me, shape, dtype))
+            _free(ctx, out_buf)
+        else:
+            result = ccl.broadcast(ctx, tensor, src)
+            problems += _check_output(what, result, tensor, buf, _data(src, shape, dtype))
         _free(ctx, buf)
     return problems
 
@@ -621,6 +630,8 @@ def _errors_body(ctx):
         "broadcast src negative": (lambda o: ccl.broadcast(ctx, o, -1), filled(n), ["src", "-1"]),
         "broadcast meta": (lambda o: ccl.broadcast(ctx, meta, 0), filled(1), ["meta"]),
         "broadcast strided": (lambda o: ccl.broadcast(ctx, o, 0), filled(3, n).t(), ["contiguous"]),
+        "broadcast out shape": (lambda o: ccl.broadcast(ctx, inp, 0, out=o), filled(n + 1), [_size]),
+        "broadcast out overlaps": (lambda o: ccl.broadcast(ctx, o[1:], 0, out=o[:-1]), filled(n + 1), ["share memory"]),
     }
     problems = []
     for name, (call, out, wanted) in bad.items():

@@ -164,7 +164,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         """``dist.all_reduce``: sum, max or min of one tensor on trident; anything else falls back."""
         op = "sum" if opts is None else _OP_NAMES.get(opts.reduceOp.op)
         if op is not None and len(tensors) == 1 and tensors[0].dtype in _REDUCIBLE and self._ours(tensors[0]):
-            ccl.all_reduce(self.ctx, tensors[0], op=op, algorithm=self.algorithm, group=self.group)
+            ccl.all_reduce(self.group, tensors[0], op=op, algorithm=self.algorithm)
             self.counts["trident"] += 1
             return self._completed(tensors)
         return self._fall("allreduce", tensors, opts=opts)
@@ -172,7 +172,7 @@ class TridentProcessGroup(dist.ProcessGroup):
     def _allgather_base(self, out, inp, opts=None):
         """``dist.all_gather_into_tensor`` (torch <= 2.12's name)."""
         if self._ours(out, inp) and out.dtype == inp.dtype and out.numel() == inp.numel() * self.size():
-            ccl.all_gather(self.ctx, out.view(-1), inp.view(-1), group=self.group)
+            ccl.all_gather(self.group, out.view(-1), inp.view(-1))
             return self._ran([out])
         return self._fall("_allgather_base", out, inp, opts=opts)
 
@@ -183,7 +183,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         op = "sum" if opts is None else _OP_NAMES.get(opts.reduceOp.op)
         if (op and self._ours(out, inp) and out.dtype == inp.dtype and out.dtype in _REDUCIBLE
                 and inp.numel() == out.numel() * self.size()):
-            ccl.reduce_scatter(self.ctx, out.view(-1), inp.view(-1), op=op, group=self.group)
+            ccl.reduce_scatter(self.group, out.view(-1), inp.view(-1), op=op)
             return self._ran([out])
         return self._fall("_reduce_scatter_base", out, inp, opts=opts)
 
@@ -195,7 +195,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         equal = all(not splits or len(set(splits)) == 1 for splits in (out_splits, in_splits))
         if (equal and self._ours(out, inp) and out.dtype == inp.dtype and out.numel() == inp.numel()
                 and inp.numel() % w == 0 and inp.dim() > 0 and inp.shape[0] % w == 0):
-            ccl.all_to_all(self.ctx, out.view(-1), inp.view(-1), group=self.group)
+            ccl.all_to_all(self.group, out.view(-1), inp.view(-1))
             return self._ran([out])
         return self._fall("alltoall_base", out, inp, out_splits, in_splits, opts=opts)
 
@@ -205,7 +205,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         """``dist.broadcast`` of one tensor from ``opts.rootRank`` (a group rank)."""
         root = 0 if opts is None else opts.rootRank
         if len(tensors) == 1 and self._ours(tensors[0]):
-            ccl.broadcast(self.ctx, tensors[0], src=root, group=self.group)
+            ccl.broadcast(self.group, tensors[0], src=root)
             return self._ran(tensors)
         return self._fall("broadcast", tensors, opts=opts)
 

@@ -46,7 +46,7 @@ import math
 import torch
 
 from . import ccl
-from .runtime.groups import resolve, team
+from .runtime.groups import named_team
 
 #: Every op's schema (torch's operator language), in the order they are registered.
 SCHEMAS = {
@@ -109,8 +109,7 @@ def _plain_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 def _world(group: str) -> int:
-    ctx, g = resolve(group)
-    return (g or ctx).world_size
+    return named_team(group).world_size
 
 
 # -- collectives ------------------------------------------------------------------------------------
@@ -119,15 +118,13 @@ def all_reduce(t: torch.Tensor, op: str, group: str, algorithm: str = "auto") ->
     """``t`` reduced over the group's ranks with ``op`` ("sum", "max", "min"), as a new tensor (the
     kernel reads ``t`` and writes the result: no staging copy); ``algorithm`` is a row of
     ``trident.ccl.ALL_REDUCE_ALGORITHMS`` or "auto"."""
-    ctx, g = resolve(group)
-    out = torch.empty_like(t, memory_format=torch.contiguous_format)
-    return ccl.all_reduce(ctx, t.contiguous(), op=op, algorithm=algorithm, group=g, out=out)
+    t = t.contiguous()
+    return ccl.all_reduce(named_team(group), t, op=op, algorithm=algorithm, out=torch.empty_like(t))
 
 
 def all_reduce_(t: torch.Tensor, op: str, group: str, algorithm: str = "auto") -> None:
     """``t`` reduced over the group's ranks in place (``t`` contiguous; on the heap it is not staged)."""
-    ctx, g = resolve(group)
-    ccl.all_reduce(ctx, t, op=op, algorithm=algorithm, group=g)
+    ccl.all_reduce(named_team(group), t, op=op, algorithm=algorithm)
 
 
 @_fake("all_reduce_")
@@ -142,11 +139,8 @@ def _(t, op, group, algorithm="auto"):
 
 def all_gather(t: torch.Tensor, group: str) -> torch.Tensor:
     """Every rank's ``t`` stacked along dim 0, in rank order."""
-    from . import ccl
-
-    ctx, g = resolve(group)
-    out = t.new_empty(((g or ctx).world_size * t.shape[0], *t.shape[1:]))
-    return ccl.all_gather(ctx, out, t.contiguous(), group=g)
+    me = named_team(group)
+    return ccl.all_gather(me, t.new_empty((me.world_size * t.shape[0], *t.shape[1:])), t.contiguous())
 
 
 @_fake("all_gather")
@@ -156,11 +150,8 @@ def _(t, group):
 
 def reduce_scatter(t: torch.Tensor, op: str, group: str) -> torch.Tensor:
     """Chunk ``rank`` (dim 0) of ``t`` reduced over the ranks with ``op``."""
-    from . import ccl
-
-    ctx, g = resolve(group)
-    out = t.new_empty((t.shape[0] // (g or ctx).world_size, *t.shape[1:]))
-    return ccl.reduce_scatter(ctx, out, t.contiguous(), op=op, group=g)
+    me = named_team(group)
+    return ccl.reduce_scatter(me, t.new_empty((t.shape[0] // me.world_size, *t.shape[1:])), t.contiguous(), op=op)
 
 
 @_fake("reduce_scatter")
@@ -170,11 +161,8 @@ def _(t, op, group):
 
 def all_to_all(t: torch.Tensor, group: str) -> torch.Tensor:
     """Chunk p (dim 0) of ``t`` to rank p; chunk p of the result from rank p."""
-    from . import ccl
-
-    out = torch.empty_like(t, memory_format=torch.contiguous_format)
-    ctx, g = resolve(group)
-    return ccl.all_to_all(ctx, out, t.contiguous(), group=g)
+    t = t.contiguous()
+    return ccl.all_to_all(named_team(group), torch.empty_like(t), t)
 
 
 @_fake("all_to_all")
@@ -184,10 +172,8 @@ def _(t, group):
 
 def broadcast(t: torch.Tensor, src: int, group: str) -> torch.Tensor:
     """Rank ``src``'s ``t`` on every rank."""
-    from . import ccl
-
-    ctx, g = resolve(group)
-    return ccl.broadcast(ctx, _plain_copy(t), src, group=g)
+    t = t.contiguous()
+    return ccl.broadcast(named_team(group), t, src, out=torch.empty_like(t))
 
 
 @_fake("broadcast")
@@ -197,8 +183,7 @@ def _(t, src, group):
 
 def broadcast_(t: torch.Tensor, src: int, group: str) -> None:
     """Rank ``src``'s ``t`` into every rank's ``t``, in place (``t`` contiguous; on the heap it is not staged)."""
-    ctx, g = resolve(group)
-    ccl.broadcast(ctx, t, src, group=g)
+    ccl.broadcast(named_team(group), t, src)
 
 
 @_fake("broadcast_")
@@ -216,23 +201,21 @@ def all_to_all_v(t: torch.Tensor, out_splits: list[int], in_splits: list[int], g
     unfit for CUDA-graph capture: there, call ``trident.ccl.all_to_all_v`` on a heap tensor with
     device split sizes.
     """
-    from . import ccl
     from .ccl.api import input_stage
 
-    ctx, g = resolve(group)
-    me = team(ctx, g)
+    me = named_team(group)
     src = t.contiguous()
     # Every rank exchanges its row count, whatever its placement: a plain input is staged in a heap
     # buffer of the largest count (the same size everywhere), and all ranks must run one collective.
     rows = torch.full((1,), src.shape[0], dtype=torch.int64, device=src.device)
     every = torch.empty(me.world_size, dtype=torch.int64, device=src.device)
-    most = int(ccl.all_gather(ctx, every, rows, group=g).max())
+    most = int(ccl.all_gather(me, every, rows).max())
     per_row = math.prod(src.shape[1:])
     stage = input_stage(me, most * per_row, src.dtype)
     if not me.is_symmetric(src):
         src = stage[:src.numel()].view(src.shape).copy_(src)
     out = torch.empty((sum(out_splits), *t.shape[1:]), dtype=t.dtype, device=t.device)
-    return ccl.all_to_all_v(ctx, out, src, out_splits, in_splits, group=g)
+    return ccl.all_to_all_v(me, out, src, out_splits, in_splits)
 
 
 @_fake("all_to_all_v")
@@ -247,8 +230,7 @@ def gemm_all_reduce(A: torch.Tensor, B: torch.Tensor, group: str) -> torch.Tenso
     from . import ops
 
     C = A.new_empty((A.shape[0], B.shape[1]))
-    ctx, g = resolve(group)
-    return ops.gemm_all_reduce(ctx, A.contiguous(), B.contiguous(), C, group=g)
+    return ops.gemm_all_reduce(named_team(group), A.contiguous(), B.contiguous(), C)
 
 
 @_fake("gemm_all_reduce")
@@ -260,9 +242,9 @@ def gemm_reduce_scatter(A: torch.Tensor, B: torch.Tensor, group: str) -> torch.T
     """Rows ``rank * M/W ...`` of the sum over ranks of ``A_r @ B_r``."""
     from . import ops
 
-    ctx, g = resolve(group)
-    C = A.new_empty((A.shape[0] // (g or ctx).world_size, B.shape[1]))
-    return ops.gemm_reduce_scatter(ctx, A.contiguous(), B.contiguous(), C, group=g)
+    me = named_team(group)
+    C = A.new_empty((A.shape[0] // me.world_size, B.shape[1]))
+    return ops.gemm_reduce_scatter(me, A.contiguous(), B.contiguous(), C)
 
 
 @_fake("gemm_reduce_scatter")
@@ -274,9 +256,9 @@ def all_gather_gemm(A_local: torch.Tensor, B: torch.Tensor, group: str) -> torch
     """Every rank's rows of A (stacked in rank order) times ``B``."""
     from . import ops
 
-    ctx, g = resolve(group)
-    C = A_local.new_empty(((g or ctx).world_size * A_local.shape[0], B.shape[1]))
-    return ops.all_gather_gemm(ctx, A_local.contiguous(), B.contiguous(), C, group=g)  # a plain A_local is staged
+    me = named_team(group)
+    C = A_local.new_empty((me.world_size * A_local.shape[0], B.shape[1]))
+    return ops.all_gather_gemm(me, A_local.contiguous(), B.contiguous(), C)  # a plain A_local is staged
 
 
 @_fake("all_gather_gemm")
@@ -288,12 +270,11 @@ def gemm_all_scatter(A: torch.Tensor, B_local: torch.Tensor, group: str) -> torc
     """``A @ B`` on every rank, where rank r holds B's column block r."""
     from . import ops
 
-    ctx, g = resolve(group)
-    owner = g or ctx  # peers store into C: symmetric memory of the group (its region) or of the world
+    owner = named_team(group)  # peers store into C: symmetric memory of the group (its region) or of the world
     M, N = A.shape[0], owner.world_size * B_local.shape[1]
     C = owner.empty(M * N, dtype=A.dtype).view(M, N)
     try:
-        ops.gemm_all_scatter(ctx, A.contiguous(), B_local.contiguous(), C, group=g)
+        ops.gemm_all_scatter(owner, A.contiguous(), B_local.contiguous(), C)
         return _plain_copy(C)
     finally:
         owner.free(C)
@@ -309,8 +290,7 @@ def all_reduce_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residu
     """``h = all_reduce(x) (+ residual)``, ``out = rmsnorm(h) * weight``: returns ``(out, h)``."""
     from . import ops
 
-    ctx, g = resolve(group)
-    return ops.all_reduce_rmsnorm(ctx, x.contiguous(), weight.contiguous(), eps=eps, group=g,
+    return ops.all_reduce_rmsnorm(named_team(group), x.contiguous(), weight.contiguous(), eps=eps,
                                   residual=None if residual is None else residual.contiguous())
 
 
@@ -331,9 +311,8 @@ def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, num_experts: int, max_
     bf16 ``x`` arrives as fp8 rows with their scales (``trident.ops.moe_dispatch``'s ``quantize``)."""
     from .ops.moe import dispatch as moe
 
-    ctx, g = resolve(group)
-    d = moe.moe_dispatch(ctx, x.contiguous(), topk_idx.contiguous(), num_experts, max_tokens_per_rank,
-                         x_scales=x_scales, group=g, quantize=quantize)
+    d = moe.moe_dispatch(named_team(group), x.contiguous(), topk_idx.contiguous(), num_experts, max_tokens_per_rank,
+                         x_scales=x_scales, quantize=quantize)
     scales = d.recv_scales if d.recv_scales is not None else d.recv_x.new_empty((d.capacity, 0), dtype=torch.float32)
     handle = torch.cat([d.handle.recv_j, d.handle.layout, d.handle.sent]).to(torch.int64)
     return (_plain_copy(d.recv_x), d.recv_offsets.clone(), d.recv_counts.clone(), d.recv_src.clone(),
@@ -364,8 +343,7 @@ def moe_combine(expert_out: torch.Tensor, topk_weights: torch.Tensor, topk_idx: 
     have run in between: nothing here reads its receive buffers)."""
     from .ops.moe import combine as moe
 
-    ctx, g = resolve(group)
-    me = team(ctx, g)
+    me = named_team(group)
     capacity, choices, layout_words = recv_src.shape[0], topk_idx.numel(), 2 * (num_experts // me.world_size)
     if handle.shape != (capacity + layout_words + choices,) or handle.dtype != torch.int64:
         raise ValueError(f"{me.who()}: moe_combine: handle must be the int64 [{capacity} + {layout_words} + "

@@ -28,43 +28,38 @@ def layout_key(name: str, tensors: tuple, options: tuple, heap: tuple[int, int] 
     pointers on it; TMA needs it) and whether it starts inside ``heap`` (``(lo, hi)`` addresses,
     or None: nothing counts as on the heap). Across tensors: which earlier tensor each overlaps
     (in-place calls and aliasing decide what a call launches). ``None`` entries of ``tensors``
-    (absent optional operands) stay None.
+    (absent optional operands) stay None. Every repeated call computes it, so it is one flat loop.
 
     Returns:
-        A hashable key, or None when an option is not hashable (the call takes the full path,
-        which says what is wrong with it).
+        A key (hashable unless an option is not: :meth:`CallCache.get` answers None for such a
+        key, and the call takes the full path, which says what is wrong with it), or None when an
+        operand is not a tensor or has no storage (meta).
 
     Example::
 
         key = layout_key("all_reduce", (x, out), ("sum", "auto"), (heap_lo, heap_hi))
     """
-    try:
-        return _key(name, tensors, options, heap)
-    except (AttributeError, TypeError, RuntimeError, NotImplementedError):
-        return None  # not a tensor, a tensor without storage (meta), an unhashable option: the full path
-
-
-def _key(name: str, tensors: tuple, options: tuple, heap: tuple[int, int] | None):
-    parts: list[object] = [name, options]
-    spans: list[tuple[int, int] | None] = []
     lo, hi = heap if heap is not None else (0, 0)
-    for t in tensors:
-        if t is None:
-            parts.append(None)
-            spans.append(None)
-            continue
-        ptr = t.data_ptr()
-        end = ptr + t.nbytes
-        overlap = -1
-        for j, span in enumerate(spans):
-            if span is not None and (span[0] < end and ptr < span[1] or span[0] == ptr):
-                overlap = j
-                break
-        spans.append((ptr, end))
-        parts.append((t.shape, t.stride(), t.dtype, not ptr & 15, lo <= ptr < hi, overlap))
-    key = tuple(parts)
-    hash(key)
-    return key
+    parts: list[object] = [name, options]
+    spans: list[tuple[int, int]] = []
+    try:
+        for t in tensors:
+            if t is None:
+                parts.append(None)
+                spans.append((-1, -1))  # overlaps nothing (an empty tensor's address may be 0)
+                continue
+            ptr = t.data_ptr()
+            end = ptr + t.nbytes
+            overlap = -1
+            for j, (start, stop) in enumerate(spans):
+                if start < end and ptr < stop or start == ptr:
+                    overlap = j
+                    break
+            spans.append((ptr, end))
+            parts.append((t.shape, t.stride(), t.dtype, not ptr & 15, lo <= ptr < hi, overlap))
+    except (AttributeError, TypeError, RuntimeError, NotImplementedError):
+        return None  # not a tensor, a tensor without storage (meta): the full path
+    return tuple(parts)
 
 
 class CallCache:
@@ -97,11 +92,19 @@ class CallCache:
         return 0 if self._resources is None else self._resources.generation
 
     def get(self, key):
-        """The entry kept for ``key``, or None."""
-        return self._entries.get(key)
+        """The entry kept for ``key``, or None (also for a key that cannot be hashed)."""
+        try:
+            return self._entries.get(key)
+        except TypeError:
+            return None
 
     def put(self, key, entry) -> None:
-        """Keep ``entry`` for ``key`` (the oldest entry goes past :attr:`max_entries`)."""
+        """Keep ``entry`` for ``key`` (the oldest entry goes past :attr:`max_entries`; a key that
+        cannot be hashed keeps nothing)."""
+        try:
+            hash(key)
+        except TypeError:
+            return  # an option that cannot be hashed: such calls are not kept
         if key not in self._entries and len(self._entries) >= self.max_entries:
             del self._entries[next(iter(self._entries))]
         self._entries[key] = entry

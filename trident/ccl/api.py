@@ -125,12 +125,24 @@ def all_to_all(ctx, out: torch.Tensor, inp: torch.Tensor, group=None) -> torch.T
     return out
 
 
-def broadcast(ctx, tensor: torch.Tensor, src: int, group=None) -> torch.Tensor:
-    """Overwrite ``tensor`` on every rank with ``src``'s, in place, like ``torch.distributed.broadcast``.
+def broadcast(ctx, tensor: torch.Tensor, src: int, group=None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Overwrite ``tensor`` on every rank with ``src``'s, in place, like ``torch.distributed.broadcast``
+    (or put ``src``'s ``tensor`` into ``out`` on every rank, leaving ``tensor`` as it is).
+
+    Args:
+        tensor: the same shape and dtype on every rank; ``src``'s is sent (staged inside the
+            kernel when not symmetric), the others' is overwritten (or, with ``out``, not read).
+        src: the rank whose tensor every rank gets.
+        group: a group of ``ctx.new_group`` (None: the whole world); ``src`` is a group rank then.
+        out: where the result goes (``tensor``'s shape and dtype, not overlapping it); None: in place.
+
+    Returns:
+        ``tensor`` (or ``out``).
 
     Example::
 
         trident.ccl.broadcast(ctx, weights, src=0)
     """
-    run_call(team(ctx, group), OPS["broadcast"], (tensor,), (src,))
-    return tensor
+    result = tensor if out is None else out
+    run_call(team(ctx, group), OPS["broadcast"], (tensor, result), (src,))
+    return result

@@ -233,17 +233,23 @@ ALL_TO_ALL = Op("all_to_all", _check_all_to_all, _run_all_to_all,
 # -- broadcast -----------------------------------------------------------------------------------
 
 def _check_broadcast(team: Team, tensors: tuple, options: tuple) -> None:
-    check_tensors(team, "broadcast", tensor=tensors[0])
+    tensor, out = tensors
+    check_tensors(team, "broadcast", tensor=tensor, out=out)
+    if out.data_ptr() != tensor.data_ptr():
+        if out.shape != tensor.shape:
+            raise ValueError(f"{team.who()}: broadcast: out {tuple(out.shape)} must have the tensor's shape "
+                             f"{tuple(tensor.shape)}")
+        check_separate(team, "broadcast", out, tensor)
     check_src(team, "broadcast", options[0])
 
 
 def _run_broadcast(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
-    (tensor,), (src,) = tensors, options
-    x = on_heap(team, rec, tensor, copy_in=team.rank == src)
-    _launch(team, rec, kernels.broadcast_kernel, tensor.numel(), x, tensor.numel(), src,
-            BLOCK=_block(team, tensor.numel()))
-    if x is not tensor:
-        rec.copy(tensor, x)
+    (tensor, out), (src,) = tensors, options
+    n, mine = tensor.numel(), team.rank == src
+    x = on_heap(team, rec, tensor, copy_in=False)  # src stages inside the kernel; the others pull into out
+    _launch(team, rec, kernels.broadcast_kernel, n, tensor, x, out, n, src,
+            STAGE=mine and x is not tensor, COPY=mine and out.data_ptr() != tensor.data_ptr(),
+            BLOCK=_block(team, n))
 
 
 BROADCAST = Op("broadcast", _check_broadcast, _run_broadcast,

@@ -105,11 +105,13 @@ def all_to_all(ctx, tensors, options) -> None:
 
 def broadcast(ctx, tensors, options) -> None:
     """Broadcast across nodes among the ranks with ``src``'s local rank, then in each node."""
-    (tensor,), (src,) = tensors, options
+    (tensor, out), (src,) = tensors, options
+    if out.data_ptr() != tensor.data_ptr():
+        out.copy_(tensor)  # out of place: broadcast a copy in place
     node, cross, _, size = _parts(ctx, "broadcast")
     if node.rank == src % size:
-        cross.broadcast(tensor, src)
-    run_call(node, flat.BROADCAST, (tensor,), (src % size,))
+        cross.broadcast(out, src)
+    run_call(node, flat.BROADCAST, (out, out), (src % size,))
 
 
 def all_to_all_v(ctx, tensors, options) -> None:

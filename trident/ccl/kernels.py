@@ -218,16 +218,24 @@ def all_to_all_kernel(
 
 @triton.jit
 def broadcast_kernel(
-    x_ptr, n, src,  # every rank's n elements of x become rank src's
+    src_ptr, x_ptr, out_ptr, n, src,  # rank src's n elements (its src, through x on the heap) into every rank's out
     sync_ptr,
     rank, world_size, heap_bases,
-    BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+    STAGE: tl.constexpr, COPY: tl.constexpr, BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
-    """Every rank but ``src`` reads ``src``'s ``x`` into its own."""
+    """Every rank but ``src`` reads ``src``'s ``x`` (on the heap) into its own ``out``.
+
+    On rank ``src``: with ``STAGE`` the caller's tensor (``src_ptr``, not on the heap) is first
+    copied into ``x``; with ``COPY`` it is also copied into ``out`` (a result in another tensor).
+    """
     pid = arrival_ticket(sync_ptr + _ARRIVAL)  # the launch's programs by arrival, not by program id
+    if STAGE:
+        _stage_tiles(src_ptr, x_ptr, n, pid, BLOCK)
     epoch, shift = _enter(x_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     if rank != src:
-        _pull_tiles(shifted(x_ptr, shift, src), x_ptr, n, pid, rank, src, heap_bases, BLOCK)
+        _pull_tiles(shifted(x_ptr, shift, src), out_ptr, n, pid, rank, src, heap_bases, BLOCK)
+    elif COPY:
+        _stage_tiles(src_ptr, out_ptr, n, pid, BLOCK)
     _exit(epoch, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
 
 

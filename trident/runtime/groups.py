@@ -86,6 +86,22 @@ def resolve(group_name: str):
     return ctx, (obj if isinstance(obj, Group) else None)
 
 
+def named_team(group_name: str):
+    """The open context or group named ``group_name`` (``ctx.group_name``, ``g.group_name``): what
+    runs a call that names its team by a string (``torch.ops.trident.*``). Every such call asks, so
+    an open team is one dictionary lookup; anything else gets :func:`resolve`'s or
+    :meth:`Group.check_usable`'s clear error.
+
+    Example::
+
+        trident.ccl.all_reduce(named_team(ctx.group_name), x)
+    """
+    obj = _BY_NAME.get(group_name) if isinstance(group_name, str) else None
+    if obj is None or obj.closed:
+        return team(*resolve(group_name))  # raises: no such name, its context closed, or the group ended
+    return obj
+
+
 class Group:
     """Some of the world's ranks (made by :func:`new_group`); quacks like a context for the collectives.
 
