@@ -76,6 +76,28 @@ def test_a_cold_call_and_host_barriers_inside_capture_are_refused_before_anythin
         assert x == [2.0] * 64
 
 
+def _host_splits_in_capture(ctx):
+    w = ctx.world_size
+    inp, out = ctx.ones(4 * w), torch.empty(4 * w, device=ctx.device)
+    ccl.all_to_all_v(ctx, out, inp, [4] * w, [4] * w)  # eager: the call is kept, and its replay refills the table
+    with _fake_capture():
+        message = _refusal(lambda: ccl.all_to_all_v(ctx, out, inp, [4] * w, [4] * w))
+    out.zero_()
+    ccl.all_to_all_v(ctx, out, inp, [4] * w, [4] * w)  # eager again: works
+    ctx.barrier()
+    ctx.free(inp)
+    return message, out.tolist()
+
+
+def test_all_to_all_v_with_host_split_sizes_is_refused_inside_capture(pool2):
+    """A graph would read the page-locked buffer the table is uploaded from at every replay, after
+    later calls refilled it: host split sizes inside capture are refused, even for a kept call."""
+    for rank, (message, out) in enumerate(pool2.run(_host_splits_in_capture)):
+        assert message.startswith("TridentError") and f"rank {rank}" in message, message
+        assert "device tensors" in message, message
+        assert out == [1.0] * 8
+
+
 def _growth_after_capture(ctx, captured):
     """A call of 256 floats (inside capture when ``captured``), then an eager call that grows its
     staging buffer, then user tensors: returns the kept bytes and whether a user tensor overlaps

@@ -240,7 +240,8 @@ def run(ctx, args) -> dict:
     cases, keep = _host_cases(ctx, args.small_only or ctx.platform.simulator, dist_group)  # keep: heap tensors
     for name, group, fn in harness.progress(cases, ctx, args, "host time"):
         ctx.barrier()
-        t = harness.measure(ctx.platform.timing_device, fn, args.warmup, args.repeats)
+        repeats = args.repeats if ctx.platform.simulator else max(args.repeats, args.host_repeats)
+        t = harness.measure(ctx.platform.timing_device, fn, args.warmup, repeats)
         record["rows"].append({"part": "host", "name": name, "group": group,
                                "host_us": harness.max_over_ranks(ctx, t.host_ms) * 1e3,
                                "time_us": harness.max_over_ranks(ctx, t.device_ms) * 1e3})
@@ -324,6 +325,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-bytes", type=arguments.parse_bytes, default=1 << 20, help="largest all_reduce")
     parser.add_argument("--graph-calls", type=int, default=100, help="calls captured in one CUDA graph")
     parser.add_argument("--small-only", action="store_true", help="fused ops at the small shape only (no 4096^3)")
+    parser.add_argument("--host-repeats", type=int, default=100,
+                        help="timed calls per host-time row (its median; a shared host's noise needs many)")
     arguments.add_common_args(parser, "latency", warmup=5, repeats=20)
     return parser.parse_args(argv)
 

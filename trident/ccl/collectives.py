@@ -18,6 +18,7 @@ import triton
 
 from ..calls import Op, Recording
 from ..errors import NotSymmetricError
+from ..runtime.resources import refuse_in_capture
 from ..runtime.team import Team
 from . import kernels
 from .checks import (
@@ -263,7 +264,8 @@ def _split_table(team: Team, in_splits, out_splits, rows_in: int, rows_out: int)
 
     Splits given on the host (lists, CPU tensors) are checked here, and the table is made on the host;
     splits already on the GPU are not checked, since checking them would make the host wait for the
-    device (and break graph capture), and the table is made there. Either way one copy fills it.
+    device (and break graph capture), and the table is made there. Either way one copy fills it,
+    queued on the stream without the host waiting (host tables go through page-locked buffers).
     """
     table = workspace(team).table
     w = team.world_size
@@ -281,10 +283,16 @@ def _split_table(team: Team, in_splits, out_splits, rows_in: int, rows_out: int)
             raise ValueError(f"{team.who()}: all_to_all_v: {name} {s.tolist()} must be non-negative and sum "
                              f"to the {rows} rows along dim 0")
         sizes.append(s.reshape(-1).to(torch.int64))
-    if not all(s.is_cpu for s in sizes):  # one side on the GPU: make the table there
+    on_host = all(s.is_cpu for s in sizes)
+    if not on_host:  # one side on the GPU: make the table there
         sizes = [s.to(team.device) for s in sizes]
     sent, received = sizes
-    table[:3 * w].copy_(torch.cat([sent, sent.cumsum(0) - sent, received.cumsum(0) - received]))
+    made = torch.cat([sent, sent.cumsum(0) - sent, received.cumsum(0) - received])
+    if on_host:  # through page-locked memory: a plain upload would wait for everything queued before it
+        refuse_in_capture(team, "all_to_all_v with split sizes given on the host (pass device tensors in a graph)")
+        workspace(team).uploads.copy(table[:3 * w], made)
+    else:
+        table[:3 * w].copy_(made)
 
 
 def _check_all_to_all_v(team: Team, tensors: tuple, options: tuple) -> None:

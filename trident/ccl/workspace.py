@@ -11,6 +11,7 @@ import torch
 
 from ..runtime.resources import GrowingBuffer
 from ..runtime.team import Team
+from ..runtime.uploads import Uploads
 from .kernels import sync_words
 
 #: The key of the workspace among the context's resources (``ctx.resource``).
@@ -23,12 +24,15 @@ class Workspace:
     Attributes:
         sync: the kernels' sync block (int64; layout in :mod:`trident.ccl.kernels`), zeroed once.
         table: ``3 * world_size`` int64 words: the split table of ``all_to_all_v``.
+        uploads: page-locked buffers that fill ``table`` from host split sizes without making the
+            host wait for the device (:class:`trident.runtime.uploads.Uploads`).
     """
 
     def __init__(self, ctx):
         self.ctx = ctx
         self.sync = ctx.zeros(sync_words(ctx.world_size), dtype=torch.int64)
         self.table = ctx.zeros(3 * ctx.world_size, dtype=torch.int64)
+        self.uploads = Uploads(ctx.device)
         self._buffers: dict[str, GrowingBuffer] = {}
         # A faster rank must not signal into our sync slots before we have zeroed them.
         ctx.barrier()
