@@ -14,7 +14,7 @@ on_gpu = pytest.mark.skipif(trident.platform.SIMULATOR, reason="page-locked uplo
 @on_gpu
 def test_an_upload_returns_while_the_device_is_still_busy_and_every_one_lands():
     dev = torch.device("cuda", torch.cuda.current_device())
-    uploads = Uploads(dev, slots=2)
+    uploads = Uploads(pinned=True, slots=2)
     targets = [torch.zeros(3, dtype=torch.int64, device=dev) for _ in range(5)]
     torch_private.cuda_sleep(200_000_000)  # about 0.1 s of GPU clock cycles queued before the first upload
     uploads.copy(targets[0], torch.tensor([1, 2, 3]))
@@ -29,7 +29,7 @@ def test_an_upload_returns_while_the_device_is_still_busy_and_every_one_lands():
     assert [t.tolist() for t in targets[1:]] == [[i, 10 * i, 100 * i] for i in range(1, 5)]
 
 
-def test_on_the_cpu_an_upload_is_a_plain_copy():
+def test_without_pinned_memory_an_upload_is_a_plain_copy():
     target = torch.zeros(4, dtype=torch.int64)
-    assert Uploads(torch.device("cpu")).copy(target, torch.arange(4)) is target
+    assert Uploads(pinned=False).copy(target, torch.arange(4)) is target
     assert target.tolist() == [0, 1, 2, 3]

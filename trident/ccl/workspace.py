@@ -32,7 +32,7 @@ class Workspace:
         self.ctx = ctx
         self.sync = ctx.zeros(sync_words(ctx.world_size), dtype=torch.int64)
         self.table = ctx.zeros(3 * ctx.world_size, dtype=torch.int64)
-        self.uploads = Uploads(ctx.device)
+        self.uploads = Uploads(pinned=not ctx.platform.simulator)
         self._buffers: dict[str, GrowingBuffer] = {}
         # A faster rank must not signal into our sync slots before we have zeroed them.
         ctx.barrier()

@@ -10,7 +10,7 @@ only once the copy that last read it has run (its CUDA event): the host waits on
 
 Example::
 
-    uploads = Uploads(torch.device("cuda", 0))
+    uploads = Uploads(pinned=not ctx.platform.simulator)
     uploads.copy(table[:3 * w], torch.tensor(sizes, dtype=torch.int64))   # queued; returns at once
 """
 
@@ -23,11 +23,12 @@ SLOTS = 16
 
 
 class Uploads:
-    """A ring of ``slots`` page-locked buffers for small uploads to ``device`` (a CUDA device: on
-    the CPU, as in the simulator, :meth:`copy` is a plain copy)."""
+    """A ring of ``slots`` page-locked buffers for small uploads to the current CUDA device
+    (``pinned``; without, as in the simulator, whose tensors live on the CPU, :meth:`copy` is a
+    plain copy)."""
 
-    def __init__(self, device: torch.device, slots: int = SLOTS):
-        self.device = device
+    def __init__(self, pinned: bool, slots: int = SLOTS):
+        self.pinned = pinned
         self._buffers: list[torch.Tensor | None] = [None] * slots
         self._events: list[torch.cuda.Event | None] = [None] * slots
         self._next = 0
@@ -36,7 +37,7 @@ class Uploads:
         """``dst.copy_(src)`` for a contiguous host ``src`` of ``dst``'s dtype and size, queued on the
         current stream without waiting for the device; returns ``dst``. Not inside CUDA-graph
         capture (the graph would read a buffer later calls refill): callers refuse that first."""
-        if self.device.type != "cuda":
+        if not self.pinned:
             return dst.copy_(src)
         nbytes = src.numel() * src.element_size()
         i = self._next
