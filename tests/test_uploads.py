@@ -17,13 +17,13 @@ def test_an_upload_returns_while_the_device_is_still_busy_and_every_one_lands():
     uploads = Uploads(pinned=True, slots=2)
     targets = [torch.zeros(3, dtype=torch.int64, device=dev) for _ in range(5)]
     torch_private.cuda_sleep(200_000_000)  # about 0.1 s of GPU clock cycles queued before the first upload
-    uploads.copy(targets[0], torch.tensor([1, 2, 3]))
+    uploads.write(targets[0], [1, 2, 3])
     queued = torch.cuda.Event()
     queued.record()
     # A plain copy from pageable memory would have returned only after the sleep: this one is still queued.
     assert not queued.query(), "the upload made the host wait for the device"
     for i in range(1, 5):  # two slots for five uploads: slot reuse waits for the copy that read it
-        uploads.copy(targets[i], torch.tensor([i, 10 * i, 100 * i]))
+        uploads.write(targets[i], [i, 10 * i, 100 * i])
     torch.cuda.synchronize()
     assert targets[0].tolist() == [1, 2, 3]
     assert [t.tolist() for t in targets[1:]] == [[i, 10 * i, 100 * i] for i in range(1, 5)]
@@ -31,5 +31,5 @@ def test_an_upload_returns_while_the_device_is_still_busy_and_every_one_lands():
 
 def test_without_pinned_memory_an_upload_is_a_plain_copy():
     target = torch.zeros(4, dtype=torch.int64)
-    assert Uploads(pinned=False).copy(target, torch.arange(4)) is target
+    assert Uploads(pinned=False).write(target, [0, 1, 2, 3]) is target
     assert target.tolist() == [0, 1, 2, 3]

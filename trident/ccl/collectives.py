@@ -10,7 +10,9 @@ across-nodes versions. Operands are given in a fixed order (outputs first, excep
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+import numbers
 from collections.abc import Callable
 
 import torch
@@ -262,37 +264,59 @@ BROADCAST = Op("broadcast", _check_broadcast, _run_broadcast,
 def _split_table(team: Team, in_splits, out_splits, rows_in: int, rows_out: int) -> None:
     """Fill this rank's split table: rows sent to each rank, where they start, where received rows go.
 
-    Splits given on the host (lists, CPU tensors) are checked here, and the table is made on the host;
-    splits already on the GPU are not checked, since checking them would make the host wait for the
-    device (and break graph capture), and the table is made there. Either way one copy fills it,
-    queued on the stream without the host waiting (host tables go through page-locked buffers).
+    Splits given on the host (lists, CPU tensors) are checked here and the table is made in Python
+    and uploaded through page-locked memory (:class:`trident.runtime.uploads.Uploads`): queued on the
+    stream, never a host wait for the device. Splits already on the GPU are not checked, since
+    checking them would make the host wait for the device (and break graph capture), and the
+    table is made there.
     """
-    table = workspace(team).table
-    w = team.world_size
-    sizes = []
-    for name, splits, rows in (("in_splits", in_splits, rows_in), ("out_splits", out_splits, rows_out)):
-        on_device = isinstance(splits, torch.Tensor) and not splits.is_cpu  # where the caller keeps them
-        s = splits if on_device else torch.as_tensor(splits)
-        if s.dtype.is_floating_point or s.dtype.is_complex or s.dtype == torch.bool:
-            raise TypeError(f"{team.who()}: all_to_all_v: {name} must hold integer row counts, got {s.dtype}"
-                            + ("" if on_device else f" {s.tolist()}"))
-        if s.numel() != w:
-            raise ValueError(f"{team.who()}: all_to_all_v: {name} has {s.numel()} entries, expected "
+    table, w = workspace(team).table, team.world_size
+    given = (("in_splits", in_splits, rows_in), ("out_splits", out_splits, rows_out))
+    if any(isinstance(splits, torch.Tensor) and not splits.is_cpu for _, splits, _ in given):
+        _device_split_table(team, table, given)
+        return
+    sent, received = (_host_splits(team, name, splits, rows) for name, splits, rows in given)
+    refuse_in_capture(team, "all_to_all_v with split sizes given on the host (pass device tensors in a graph)")
+    workspace(team).uploads.write(table[:3 * w], [*sent, *_starts(sent), *_starts(received)])
+
+
+def _starts(sizes: list[int]) -> list[int]:
+    """Where each of ``sizes`` consecutive runs starts."""
+    return [0, *itertools.accumulate(sizes)][:-1]
+
+
+def _host_splits(team: Team, name: str, splits, rows: int) -> list[int]:
+    """``splits`` (a sequence or CPU tensor) as ``world_size`` Python ints, checked against ``rows``."""
+    if isinstance(splits, torch.Tensor) and (splits.dtype.is_floating_point or splits.dtype.is_complex
+                                             or splits.dtype == torch.bool):
+        raise TypeError(f"{team.who()}: all_to_all_v: {name} must hold integer row counts, got {splits.dtype} "
+                        f"{splits.tolist()}")
+    values = splits.reshape(-1).tolist() if isinstance(splits, torch.Tensor) else list(splits)
+    if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in values):
+        raise TypeError(f"{team.who()}: all_to_all_v: {name} must hold integer row counts, got {values}")
+    if len(values) != team.world_size:
+        raise ValueError(f"{team.who()}: all_to_all_v: {name} has {len(values)} entries, expected "
+                         f"world_size = {team.world_size}")
+    if sum(values) != rows or min(values) < 0:
+        raise ValueError(f"{team.who()}: all_to_all_v: {name} {values} must be non-negative and sum "
+                         f"to the {rows} rows along dim 0")
+    return [int(v) for v in values]
+
+
+def _device_split_table(team: Team, table: torch.Tensor, given) -> None:
+    """The split table made on the GPU, from splits of which at least one is a device tensor."""
+    w, sizes = team.world_size, []
+    for name, splits, rows in given:
+        if not isinstance(splits, torch.Tensor) or splits.is_cpu:
+            splits = torch.tensor(_host_splits(team, name, splits, rows))
+        elif splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dtype == torch.bool:
+            raise TypeError(f"{team.who()}: all_to_all_v: {name} must hold integer row counts, got {splits.dtype}")
+        elif splits.numel() != w:
+            raise ValueError(f"{team.who()}: all_to_all_v: {name} has {splits.numel()} entries, expected "
                              f"world_size = {w}")
-        if not on_device and (int(s.sum()) != rows or bool((s < 0).any())):
-            raise ValueError(f"{team.who()}: all_to_all_v: {name} {s.tolist()} must be non-negative and sum "
-                             f"to the {rows} rows along dim 0")
-        sizes.append(s.reshape(-1).to(torch.int64))
-    on_host = all(s.is_cpu for s in sizes)
-    if not on_host:  # one side on the GPU: make the table there
-        sizes = [s.to(team.device) for s in sizes]
+        sizes.append(splits.reshape(-1).to(team.device, torch.int64))
     sent, received = sizes
-    made = torch.cat([sent, sent.cumsum(0) - sent, received.cumsum(0) - received])
-    if on_host:  # through page-locked memory: a plain upload would wait for everything queued before it
-        refuse_in_capture(team, "all_to_all_v with split sizes given on the host (pass device tensors in a graph)")
-        workspace(team).uploads.copy(table[:3 * w], made)
-    else:
-        table[:3 * w].copy_(made)
+    table[:3 * w].copy_(torch.cat([sent, sent.cumsum(0) - sent, received.cumsum(0) - received]))
 
 
 def _check_all_to_all_v(team: Team, tensors: tuple, options: tuple) -> None:
