@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 from functools import partial
 from typing import Any
@@ -238,13 +239,22 @@ def run(ctx, args) -> dict:
                      "sm_share_percent": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}
     dist_group = dist.new_group(list(range(ctx.world_size)), backend="trident")
     cases, keep = _host_cases(ctx, args.small_only or ctx.platform.simulator, dist_group)  # keep: heap tensors
-    for name, group, fn in harness.progress(cases, ctx, args, "host time"):
+    # Round robin: every row gets a share of each round's calls, so a slow spell of a shared host
+    # (which moved single rows by 2-3x on the H100 host of 2026-12-05) weighs on all rows alike.
+    rounds = 1 if ctx.platform.simulator else max(1, args.host_rounds)
+    per_round = args.repeats if ctx.platform.simulator else max(args.repeats, args.host_repeats) // rounds
+    samples: dict[str, list] = {name: [] for name, _, _ in cases}
+    for i in harness.progress(range(rounds * len(cases)), ctx, args, "host time"):
+        name, _, fn = cases[i % len(cases)]
         ctx.barrier()
-        repeats = args.repeats if ctx.platform.simulator else max(args.repeats, args.host_repeats)
-        t = harness.measure(ctx.platform.timing_device, fn, args.warmup, repeats)
+        samples[name].append(harness.measure(ctx.platform.timing_device, fn, args.warmup if i < len(cases) else 1,
+                                             per_round))
+    for name, group, _ in cases:
+        host_ms, device_ms = (statistics.median(getattr(t, field) for t in samples[name])
+                              for field in ("host_ms", "device_ms"))
         record["rows"].append({"part": "host", "name": name, "group": group,
-                               "host_us": harness.max_over_ranks(ctx, t.host_ms) * 1e3,
-                               "time_us": harness.max_over_ranks(ctx, t.device_ms) * 1e3})
+                               "host_us": harness.max_over_ranks(ctx, host_ms) * 1e3,
+                               "time_us": harness.max_over_ranks(ctx, device_ms) * 1e3})
     ctx.barrier()
     ctx.free(*keep)
     # Which calls of the dist rows trident ran and which went to the fallback (all should be trident's).
@@ -326,7 +336,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--graph-calls", type=int, default=100, help="calls captured in one CUDA graph")
     parser.add_argument("--small-only", action="store_true", help="fused ops at the small shape only (no 4096^3)")
     parser.add_argument("--host-repeats", type=int, default=100,
-                        help="timed calls per host-time row (its median; a shared host's noise needs many)")
+                        help="timed calls per host-time row (a shared host's noise needs many)")
+    parser.add_argument("--host-rounds", type=int, default=5,
+                        help="rounds over every host row, each of host-repeats/rounds calls; a row's figure is "
+                             "the median of its rounds' medians")
     arguments.add_common_args(parser, "latency", warmup=5, repeats=20)
     return parser.parse_args(argv)
 
