@@ -31,6 +31,12 @@ from .result import DispatchCount, MoEDispatch, buffer_names
 
 #: Expert output dtypes ``moe_combine`` sums (in fp32) and returns.
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: Most columns a combine step reads of each row at once.
+MAX_BLOCK_H = 1024
+#: Programs the local sum launches per SM (a program sums its tokens one after another).
+REDUCE_PROGRAMS_PER_SM = 4
+#: Warps of a combine program (0: 4 for blocks of up to 512 columns, else 8).
+WARPS = 0
 
 
 def moe_combine(ctx, expert_out: torch.Tensor, topk_weights: torch.Tensor, d: MoEDispatch,
@@ -111,8 +117,8 @@ def _run_combine(team, rec, tensors, options) -> None:
     if max_tokens == 0 or hidden == 0:
         rec.discard()
         return
-    block_h = min(triton.next_power_of_2(hidden), 1024)
-    warps = 4 if block_h <= 512 else 8
+    block_h = min(triton.next_power_of_2(hidden), MAX_BLOCK_H)
+    warps = WARPS or (4 if block_h <= 512 else 8)
     world_block = triton.next_power_of_2(team.world_size)
     if team.world_size > 1 and team.is_symmetric(expert_out):  # every row read where its expert wrote it
         rec.launch(moe_pull_kernel, (max(1, min(tokens, team.platform.program_limit)),), (
@@ -129,7 +135,7 @@ def _run_combine(team, rec, tensors, options) -> None:
             sync, team.rank, team.world_size, team.heap_bases),
             dict(ROWS=rows, BLOCK_H=block_h, WORLD_BLOCK=world_block), num_warps=warps)
     if tokens:
-        programs = max(1, min(tokens, 4 * team.platform.program_limit))
+        programs = max(1, min(tokens, REDUCE_PROGRAMS_PER_SM * team.platform.program_limit))
         rec.launch(moe_reduce_kernel, (programs,), (
             expert_out, staging if team.world_size > 1 else expert_out, out, topk_weights, sent,  # (none staged alone)
             (tokens, hidden, k, capacity),

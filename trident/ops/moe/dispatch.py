@@ -51,8 +51,19 @@ MAX_EXPERTS = 1024
 #: Words (of the row's word type) one step of the dispatch, or of the combine's push, moves: a block of
 #: rows of ``BLOCK_R`` (``BLOCK_H``) words.
 TILE_WORDS = 4096
+#: Most words (or columns, when quantizing) of a row one step moves at once.
+MAX_BLOCK_R = 1024
 #: Most (token, j) rows one step of the dispatch moves.
 ROWS_PER_STEP = 16
+#: Programs a dispatch launches per SM (at most one per step): a program's steps run one after
+#: another, each a chain of dependent memory operations (ids, slot claims, rows), so several programs
+#: per SM keep the rows of several steps in flight at once.
+PROGRAMS_PER_SM = 1
+#: Most routing entries the planner counts at once (it counts every entry of the rank while the other
+#: programs wait for its layout, so it takes large bites).
+PLAN_CHUNK = 1024
+#: Warps of a dispatch program (0: 4 for rows of up to 512 words or columns, else 8).
+WARPS = 0
 #: How ``recv_x`` is laid out: experts one after another, each as long as it needs ("contiguous"),
 #: or a fixed region of ``capacity`` rows per local expert, as DeepGEMM's masked grouped GEMMs read
 #: it ("masked": no count exchange, the decode path).
@@ -264,9 +275,9 @@ def _run_dispatch(team, rec, tensors, options) -> None:
             starts = torch.arange(experts_local, dtype=torch.int32, device=ctx.device) * (rows // experts_local)
             rec.every_replay(lambda: local[2 * num_experts:2 * num_experts + experts_local].copy_(starts))
     else:
-        block_r = min(triton.next_power_of_2(hidden if quantize else row_words), 1024)  # columns, or words
+        block_r = min(triton.next_power_of_2(hidden if quantize else row_words), MAX_BLOCK_R)  # columns, or words
         pairs = min(ROWS_PER_STEP, max(1, TILE_WORDS // block_r))  # rows a step moves: a tile of ~TILE_WORDS
-        programs = max(1, min(ctx.platform.program_limit, triton.cdiv(max_tokens * k, pairs)))
+        programs = max(1, min(PROGRAMS_PER_SM * ctx.platform.program_limit, triton.cdiv(max_tokens * k, pairs)))
         rec.launch(moe_dispatch_kernel, (programs,), (
             x if quantize else x.view(word), x_scales, topk_idx,  # quantized: x's values; else raw words
             recv_words.view(FP8) if quantize else recv_words, recv_scales if scale_cols else None, recv_src, recv_j,
@@ -274,11 +285,11 @@ def _run_dispatch(team, rec, tensors, options) -> None:
             (tokens, hidden if quantize else row_words, scale_cols, k, experts_local, max_tokens, rows),
             sync, ctx.rank, world, ctx.heap_bases),
             dict(BLOCKS=(triton.next_power_of_2(num_experts), pairs,  # E_BLOCK, PAIRS
-                         min(1024, triton.next_power_of_2(max(max_tokens * k, 16))), block_r,  # CHUNK, BLOCK_R
+                         min(PLAN_CHUNK, triton.next_power_of_2(max(max_tokens * k, 16))), block_r,  # CHUNK, BLOCK_R
                          triton.next_power_of_2(max(scale_cols, 1))),  # BLOCK_S
                  OPTIONS=(max_tokens_per_rank is not None, masked, quantize is not None),
                  WORLD_BLOCK=triton.next_power_of_2(world)),
-            num_warps=4 if block_r <= 512 else 8)
+            num_warps=WARPS or (4 if block_r <= 512 else 8))
     if max_tokens_per_rank is None:  # this call synchronises anyway: check the capacity now
         needed, worst = status[STATUS_NEEDED:STATUS_WORST + 1].tolist()
         bound = rows // experts_local if masked else rows

@@ -166,30 +166,33 @@ def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team,
         dests = tl.where(keep, ids // experts_local, rank).to(tl.int32)
         slots = tl.where(keep, slots, 0).to(tl.int64)
         token = choice // k
+        # The rows first: their first loads (masked by `valid`, not by the claims) go out while the claims
+        # are in flight; the bookkeeping stores after them would hold those loads back.
+        to = (recv_x_ptr, recv_scales_ptr, slots, dests, keep)
+        if QUANTIZE:
+            _quantize_rows(x_ptr, token, valid, to, sizes, team, PAIRS, BLOCK_R)
+        else:
+            _copy_rows(x_ptr, scales_ptr, token, valid, to, sizes, team, BLOCK_R, BLOCK_S)
         # Where each choice went (for the combine's local reads): owner * capacity + slot, or -1.
         tl.store(sent_ptr + choice, tl.where(keep, dests * capacity + slots, -1).to(tl.int32), mask=listed)
         store(recv_src_ptr + slots, rank * max_tokens + token, rank, dests, heap_bases, mask=keep)
         store(recv_j_ptr + slots, (choice % k).to(tl.int32), rank, dests, heap_bases, mask=keep)
-        to = (recv_x_ptr, recv_scales_ptr, slots, dests, keep)
-        if QUANTIZE:
-            _quantize_rows(x_ptr, token, to, sizes, team, PAIRS, BLOCK_R)
-        else:
-            _copy_rows(x_ptr, scales_ptr, token, to, sizes, team, BLOCK_R, BLOCK_S)
 
 
 @triton.jit
-def _copy_rows(x_ptr, scales_ptr, token, to, sizes, team, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Rows ``token`` of ``x`` (``row_words`` words each) and their fp8 scales, as raw bits, into the
-    owners' buffers: ``to = (recv_x_ptr, recv_scales_ptr, slots, dests, keep)``, a lane per row."""
+def _copy_rows(x_ptr, scales_ptr, token, valid, to, sizes, team, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Rows ``token`` of ``x`` (``row_words`` words each; the ``valid`` lanes read) and their fp8 scales,
+    as raw bits, into the owners' buffers: ``to = (recv_x_ptr, recv_scales_ptr, slots, dests, keep)``,
+    a lane per row (the ``keep`` lanes stored)."""
     row_words, scale_words = sizes[1], sizes[2]
     recv_x_ptr, recv_scales_ptr, slots, dests, keep = to
     cols = tl.arange(0, BLOCK_R)
     for c in range(0, row_words, BLOCK_R):
         offs = c + cols
-        mask = keep[:, None] & (offs < row_words)[None, :]
-        rows = tl.load(x_ptr + token[:, None] * row_words + offs[None, :], mask=mask)
+        in_row = (offs < row_words)[None, :]
+        rows = tl.load(x_ptr + token[:, None] * row_words + offs[None, :], mask=valid[:, None] & in_row)
         store(recv_x_ptr + slots[:, None] * row_words + offs[None, :], rows, team.rank, dests[:, None],
-              team.heap_bases, mask=mask)
+              team.heap_bases, mask=keep[:, None] & in_row)
     if scales_ptr is not None:
         scols = tl.arange(0, BLOCK_S)
         mask = keep[:, None] & (scols < scale_words)[None, :]
@@ -199,10 +202,10 @@ def _copy_rows(x_ptr, scales_ptr, token, to, sizes, team, BLOCK_R: tl.constexpr,
 
 
 @triton.jit
-def _quantize_rows(x_ptr, token, to, sizes, team, PAIRS: tl.constexpr, BLOCK_R: tl.constexpr):
+def _quantize_rows(x_ptr, token, valid, to, sizes, team, PAIRS: tl.constexpr, BLOCK_R: tl.constexpr):
     """Rows ``token`` of ``x`` (``hidden`` bf16, fp16 or fp32 values each) quantized on the way to fp8
     e4m3 with a float32 scale per 128 columns (``scale = max(amax, 1e-4) / 448``, ``q = x / scale``,
-    both rounded to nearest), into the owners' ``recv_x`` and ``recv_scales``: ``to`` as for
+    both rounded to nearest), into the owners' ``recv_x`` and ``recv_scales``: ``valid`` and ``to`` as for
     :func:`_copy_rows`; ``BLOCK_R`` is a multiple of 128 columns."""
     hidden, groups = sizes[1], sizes[2]
     recv_x_ptr, recv_scales_ptr, slots, dests, keep = to
@@ -211,7 +214,8 @@ def _quantize_rows(x_ptr, token, to, sizes, team, PAIRS: tl.constexpr, BLOCK_R: 
     for c in range(0, hidden, BLOCK_R):
         offs = c + cols
         mask = keep[:, None] & (offs < hidden)[None, :]
-        rows = tl.load(x_ptr + token[:, None] * hidden + offs[None, :], mask=mask, other=0.0).to(tl.float32)
+        rows = tl.load(x_ptr + token[:, None] * hidden + offs[None, :], mask=valid[:, None] & (offs < hidden)[None, :],
+                       other=0.0).to(tl.float32)
         rows = tl.reshape(rows, (PAIRS, G, 128))
         scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(rows), axis=2), 1e-4), tl.full((PAIRS, G), 448.0, tl.float32))
         q = tl.math.div_rn(rows, tl.broadcast_to(scale[:, :, None], (PAIRS, G, 128))).to(tl.float8e4nv)

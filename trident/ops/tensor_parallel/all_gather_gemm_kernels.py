@@ -132,11 +132,14 @@ def gather_gemm_kernel(
             trace.record(trace_ptr, trace.WAIT, tile, src, t0, rank, TRACE)
             t0 = trace.now_if(TRACE)
         # One tile_dot for both sources (two would pipeline two K loops, each with its own shared-memory
-        # stages: past the 227 KiB a Hopper SM has at the default tiles). a_full was written by this
-        # kernel with ordinary stores: read with ordinary loads too (TMA would need a proxy fence first).
+        # stages: past the 227 KiB a Hopper SM has at the default tiles), with A_local's strides for both:
+        # A_local is contiguous (checked), laid out as a_full's shards are, so the compiler still sees the
+        # unit column stride (a stride chosen per tile hid it from the compiler).
+        # a_full was written by this kernel with ordinary stores: read with ordinary loads too (TMA would
+        # need a proxy fence first).
         a_rows = tl.where(own, a_local, a_full + tl.cast(src, tl.int64) * m * K)
-        a_strides = (tl.where(own, strides[0], K), tl.where(own, strides[1], 1), strides[2], strides[3])
-        acc = tile_dot(Gemm(a_rows, b, shape, a_strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False), pid_m, pid_n)
+        acc = tile_dot(Gemm(a_rows, b, shape, (strides[0], strides[1], strides[2], strides[3]),
+                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False), pid_m, pid_n)
         _store_rows(c, shape, strides, src, acc, pid_m, pid_n, BLOCK_M, BLOCK_N)
         trace.record(trace_ptr, trace.COMPUTE, tile, src, t0, rank, TRACE)
         tile = claim_work(call, 1)
