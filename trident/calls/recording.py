@@ -175,12 +175,11 @@ class Recording:
                 geometry = (base.shape, base.stride(), base.dtype)
                 refs.append((pos, slot, offset, geometry, _without_base(arg) if base is not arg else None))
                 values.append(None)
-        self.generations.add(self._generation())
         if launcher is None:
-            self.steps.append(_Interpret(kernel, grid, values, refs, constexprs, options))
+            self._keep(_Interpret(kernel, grid, values, refs, constexprs, options))
         else:
             run, tail = launcher
-            self.steps.append(_Launch(run, [*values, *tail], refs))
+            self._keep(_Launch(run, [*values, *tail], refs))
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         """``dst.copy_(src)`` now and in every replay (both contiguous, one dtype and size)."""
@@ -193,9 +192,8 @@ class Recording:
         for t in (dst, src):
             slot, offset = self._classify(t, "a copy")
             ends.append((slot, offset) if slot is not None else (None, t.data_ptr() if self.on_gpu else t))
-        self.generations.add(self._generation())
-        self.steps.append(_Copy(tuple(ends), src.numel() * src.element_size(), self.on_gpu,
-                                (dst.shape, dst.stride(), dst.dtype)))
+        self._keep(_Copy(tuple(ends), src.numel() * src.element_size(), self.on_gpu,
+                         (dst.shape, dst.stride(), dst.dtype)))
         return dst
 
     def every_replay(self, step, now: bool = True) -> None:
@@ -203,8 +201,7 @@ class Recording:
         ``now`` is False) and in every replay, e.g. ``rec.every_replay(counts.zero_)``."""
         if now:
             step()
-        self.generations.add(self._generation())
-        self.steps.append(lambda ptrs, tensors, options: step())
+        self._keep(lambda ptrs, tensors, options: step())
 
     def per_call(self, step, options: tuple) -> None:
         """Run ``step(options)`` now with this call's ``options`` and in every replay with that call's:
@@ -212,8 +209,12 @@ class Recording:
         all_to_all_v's split table into heap memory), for an op whose key leaves those options out
         (:attr:`trident.calls.Op.key_options`)."""
         step(options)
+        self._keep(lambda ptrs, tensors, options: step(options))
+
+    def _keep(self, step) -> None:
+        """Add ``step`` (called ``step(ptrs, tensors, options)`` by a replay), noting the buffers' generation."""
         self.generations.add(self._generation())
-        self.steps.append(lambda ptrs, tensors, options: step(options))
+        self.steps.append(step)
 
     def own(self, *tensors: torch.Tensor) -> None:
         """Keep ``tensors`` (scratch the call made and launches on) alive with the recording; replays reuse them."""
