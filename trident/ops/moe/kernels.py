@@ -213,14 +213,14 @@ def _quantize_rows(x_ptr, token, valid, to, sizes, team, PAIRS: tl.constexpr, BL
     cols = tl.arange(0, BLOCK_R)
     for c in range(0, hidden, BLOCK_R):
         offs = c + cols
-        mask = keep[:, None] & (offs < hidden)[None, :]
-        rows = tl.load(x_ptr + token[:, None] * hidden + offs[None, :], mask=valid[:, None] & (offs < hidden)[None, :],
+        in_row = (offs < hidden)[None, :]
+        rows = tl.load(x_ptr + token[:, None] * hidden + offs[None, :], mask=valid[:, None] & in_row,
                        other=0.0).to(tl.float32)
         rows = tl.reshape(rows, (PAIRS, G, 128))
         scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(rows), axis=2), 1e-4), tl.full((PAIRS, G), 448.0, tl.float32))
         q = tl.math.div_rn(rows, tl.broadcast_to(scale[:, :, None], (PAIRS, G, 128))).to(tl.float8e4nv)
         store(recv_x_ptr + slots[:, None] * hidden + offs[None, :], tl.reshape(q, (PAIRS, BLOCK_R)), team.rank,
-              dests[:, None], team.heap_bases, mask=mask)
+              dests[:, None], team.heap_bases, mask=keep[:, None] & in_row)
         group = c // 128 + tl.arange(0, G)
         store(recv_scales_ptr + slots[:, None] * groups + group[None, :], scale, team.rank, dests[:, None],
               team.heap_bases, mask=keep[:, None] & (group < groups)[None, :])

@@ -134,7 +134,7 @@ def gather_gemm_kernel(
         # One tile_dot for both sources (two would pipeline two K loops, each with its own shared-memory
         # stages: past the 227 KiB a Hopper SM has at the default tiles), with A_local's strides for both:
         # A_local is contiguous (checked), laid out as a_full's shards are, so the compiler still sees the
-        # unit column stride (a stride chosen per tile hid it from the compiler).
+        # unit column stride (a stride chosen per tile would hide it).
         # a_full was written by this kernel with ordinary stores: read with ordinary loads too (TMA would
         # need a proxy fence first).
         a_rows = tl.where(own, a_local, a_full + tl.cast(src, tl.int64) * m * K)
