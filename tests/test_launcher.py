@@ -63,12 +63,20 @@ def _kill_leftovers(tmp_path):
             os.kill(int(path.read_text()), signal.SIGKILL)
 
 
+def _default_signals() -> None:
+    """In the launcher's process before exec: the stop signals at their defaults, as a terminal's
+    foreground job has them. A test session started in the background (``nohup pytest &``) ignores
+    SIGINT, the child inherits that, and the launcher rightly leaves an ignored signal ignored."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _launcher(args, tmp_path, **popen):
     """``python -m trident ARGS`` in its own session (as a shell job is), stderr to ``tmp_path/err``."""
     env = script_env()
     err = open(tmp_path / "err", "wb")
     return subprocess.Popen([sys.executable, "-m", "trident", *args], cwd=REPO, env=env, stderr=err,
-                            start_new_session=True, **popen)
+                            start_new_session=True, preexec_fn=_default_signals, **popen)
 
 
 # ---- trident run: every rank watched; the first failure named; the others stopped --------------------
