@@ -332,6 +332,23 @@ def test_latency_host_time_round_trip_and_small_collectives(pool2, tmp_path):
     assert rec["dist_backend_counts"]["trident"] > 0 and rec["dist_backend_counts"]["fallback"] == 0
 
 
+def _moe_rows_round_robin(ctx):
+    from trident.bench import latency
+
+    cases = latency._moe_cases(ctx)
+    for _ in range(2):  # as the GPU's --host-rounds time them: each row once per round, in turn
+        for _, _, call in cases:
+            call()
+    return [name for name, _, _ in cases]
+
+
+def test_latency_moe_rows_run_round_robin(pool2):
+    """A combine row timed after the next round's dispatch still combines its layout's latest dispatch
+    (the simulator times one round, so the whole bench never shows it; the H100 run of 2026-12-06 did)."""
+    names = pool2.run(_moe_rows_round_robin)[0]
+    assert len(names) == 4 and sum(name.startswith("moe_combine") for name in names) == 2
+
+
 def test_tp_layer_times_the_decoder_layer(pool2, tmp_path):
     rec, files = pool2.run(_bench, "tp_layer", ["--tokens", "1", "8", "--no-progress"], str(tmp_path / "tp"))[0]
     _check_common(rec, files, 2)

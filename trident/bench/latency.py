@@ -174,11 +174,15 @@ def _moe_cases(ctx) -> list:
     x, _, _, idx, weights = moe.inputs(ctx, tokens, hidden, k, experts, seed=0)
     cases, latest = [], {}
     for layout in ("contiguous", "masked"):
-        dispatch = partial(trident.ops.moe_dispatch, ctx, x, idx, experts, max_tokens_per_rank=tokens, layout=layout)
+        call = partial(trident.ops.moe_dispatch, ctx, x, idx, experts, max_tokens_per_rank=tokens, layout=layout)
+
+        def dispatch(call=call, layout=layout):
+            latest[layout] = call()  # a combine may only use its layout's latest dispatch
+            return latest[layout]
 
         def combine(dispatch=dispatch, layout=layout):
-            if layout not in latest:  # the combine needs the latest dispatch: one, at its first (warm-up) call
-                latest[layout] = dispatch()
+            if layout not in latest:  # rows are timed round robin: a combine may come before any dispatch
+                dispatch()
             return trident.ops.moe_combine(ctx, latest[layout].recv_x, weights, latest[layout])
 
         name = "" if layout == "contiguous" else f" {layout}"

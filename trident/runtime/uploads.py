@@ -50,7 +50,8 @@ class Uploads:
         if event is not None:
             event.synchronize()  # the copy that last read this buffer has run (waits only with every slot queued)
         if buffer is None or buffer[0].numel() < n:
-            pinned = torch.empty(max(n, 64), dtype=torch.int64, pin_memory=True)
+            # device="cpu": a caller inside "with torch.device(cuda)" would make it on the GPU
+            pinned = torch.empty(max(n, 64), dtype=torch.int64, device="cpu", pin_memory=True)
             buffer = self._buffers[i] = (pinned, pinned.numpy())  # the numpy view: no torch op per write
         pinned, words = buffer
         words[:n] = values
