@@ -147,6 +147,8 @@ def get_pool(world_size, **env):
 
 def _close_all_pools():
     for pool in _POOLS.values():
+        pool.ask_to_close()  # every pool's ranks close side by side
+    for pool in _POOLS.values():
         pool.close()
     _POOLS.clear()
 

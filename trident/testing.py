@@ -215,16 +215,22 @@ class RankPool:
             conn.send(payload)
         return self._collect(timeout, f"{getattr(fn, '__name__', 'task')}")
 
-    def close(self, force: bool = False) -> None:
-        """Stop the rank processes: ask them to close their contexts, or kill them (``force``)."""
+    def ask_to_close(self) -> None:
+        """Ask the ranks to close their contexts and exit, without waiting (:meth:`close` waits): to
+        close several pools, ask each first, so that they close side by side."""
         for conn in self._conns:
             try:
                 conn.send(None)
             except Exception:
                 pass
+        self._conns = []
+
+    def close(self, force: bool = False) -> None:
+        """Stop the rank processes: ask them to close their contexts, or kill them (``force``)."""
+        self.ask_to_close()
         for proc in self._procs:
             proc.join(timeout=0 if force else 10)
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-        self._procs, self._conns = [], []
+        self._procs = []

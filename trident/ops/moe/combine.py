@@ -32,9 +32,11 @@ from .result import DispatchCount, MoEDispatch, buffer_names
 #: Expert output dtypes ``moe_combine`` sums (in fp32) and returns.
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Most columns a combine step reads of each row at once.
-MAX_BLOCK_H = 1024
-#: Programs the local sum launches per SM (a program sums its tokens one after another).
-REDUCE_PROGRAMS_PER_SM = 4
+MAX_BLOCK_H = 2048
+#: Programs the local sum launches per SM (a program sums its tokens one after another). 8 programs of
+#: 8 warps over 2048 columns: 1.07x the memory floor at DeepSeek-V3's 4096 tokens on an H100, against
+#: 2.29x with 4 programs over 1024 columns (the sweep of 2026-12-06, docs/moe.md).
+REDUCE_PROGRAMS_PER_SM = 8
 #: Warps of a combine program (0: 4 for blocks of up to 512 columns, else 8).
 WARPS = 0
 
