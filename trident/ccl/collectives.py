@@ -123,10 +123,10 @@ def _check_reduce_scatter(team: Team, tensors: tuple, options: tuple) -> None:
 
 def _run_reduce_scatter(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
-    source = on_heap(team, rec, inp, copy_in=True)
-    _launch(team, rec, kernels.reduce_scatter_kernel, out.numel(), source, out, out.numel(),
+    source = on_heap(team, rec, inp, copy_in=False)  # staged inside the kernel
+    _launch(team, rec, kernels.reduce_scatter_kernel, out.numel(), inp, source, out, out.numel(),
             OP=op_name(team, options[0]), ACC=acc_dtype(team, inp.dtype, "reduce_scatter"),
-            BLOCK=_block(team, out.numel()))
+            STAGE=source is not inp, BLOCK=_block(team, out.numel()))
 
 
 REDUCE_SCATTER = Op("reduce_scatter", _check_reduce_scatter, _run_reduce_scatter,

@@ -171,14 +171,23 @@ def all_gather_kernel(
 
 @triton.jit
 def reduce_scatter_kernel(
-    inp_ptr, out_ptr, m,  # world_size chunks of m input elements; my reduced chunk goes to out
+    src_ptr, inp_ptr, out_ptr, m,  # world_size chunks of m input elements (src; inp: on the heap)
     sync_ptr,
     rank, world_size, heap_bases,
-    OP: tl.constexpr, ACC: tl.constexpr,
+    OP: tl.constexpr, ACC: tl.constexpr, STAGE: tl.constexpr,
     BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
-    """Rank r reduces chunk r (``m`` elements) of every rank's input into ``out``."""
+    """Rank r reduces chunk r (``m`` elements) of every rank's input into ``out``.
+
+    With ``STAGE`` the input ``src`` is not on the heap: it is first copied into ``inp`` (a heap
+    buffer), each chunk tiled as the reduction reads it, so program ``pid`` stages what the peers'
+    programs ``pid`` read.
+    """
     pid = arrival_ticket(sync_ptr + _ARRIVAL)  # the launch's programs by arrival, not by program id
+    if STAGE:
+        for chunk in range(world_size):
+            start = tl.cast(chunk, tl.int64) * m
+            _stage_tiles(src_ptr + start, inp_ptr + start, m, pid, BLOCK)
     epoch, shift = _enter(inp_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     for tile in range(pid, tl.cdiv(m, BLOCK), tl.num_programs(0)):
         offs, mask = _tile(tile, m, BLOCK)
