@@ -78,3 +78,21 @@ def custom_cuda_allocator(alloc_address: int, free_address: int):
     same binding in 2.11 and 2.13; CUDA builds only).
     """
     return torch._C._cuda_customAllocator(alloc_address, free_address)
+
+
+def raw_stream_function():
+    """The C function ``f(device_index) -> int``: the handle (``cudaStream_t``) of that CUDA device's
+    current stream.
+
+    Why: a launch or copy on the current stream needs only its handle, and
+    ``torch.cuda.current_stream()`` builds a Python Stream object per call, which cost a third of
+    a small replayed copy's host time (host_anatomy.py, H100, 2026-12-06). torch's C entry is
+    ``torch._C._cuda_getCurrentRawStream`` (CUDA builds of 2.11 and 2.13; CPU builds lack it, and
+    nothing calls this there).
+
+    Example::
+
+        raw = raw_stream_function()
+        handle = raw(torch.cuda.current_device())
+    """
+    return torch._C._cuda_getCurrentRawStream

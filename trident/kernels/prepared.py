@@ -6,7 +6,8 @@ path, which binds and specializes every argument and looks the compiled kernel u
 launcher alone). :func:`prepare` launches a kernel once through Triton and keeps the compiled
 kernel's launcher; :class:`PreparedLaunch` launches it again with new arguments. The call pipeline's
 recordings (:mod:`trident.calls.recording`) are built from these, with tensors passed by address
-(:func:`by_address`) and TMA descriptors rebased (:func:`rebased`).
+(:func:`by_address`) and TMA descriptors rebased (:func:`rebased`, encoded once per address:
+:mod:`trident.kernels.descriptors`).
 
 Example::
 
@@ -22,6 +23,11 @@ from copy import copy as shallow_copy
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .. import torch_private
+from .descriptors import Address, rebased, splicer
+
+__all__ = ["PreparedLaunch", "by_address", "direct_launcher", "prepare", "rebased"]
 
 
 class PreparedLaunch:
@@ -99,9 +105,9 @@ def direct_launcher(compiled, grid: tuple[int, ...]):
         again = direct_launcher(kernel[grid](*args), grid)
         again(*values)
     """
-    from torch._C import _cuda_getCurrentRawStream as raw_stream
     from triton import knobs
 
+    raw_stream = torch_private.raw_stream_function()
     runner = compiled[grid]
     run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
     device = torch.cuda.current_device()
@@ -110,6 +116,18 @@ def direct_launcher(compiled, grid: tuple[int, ...]):
     # The launcher's C entry (with its flags) where its Python step only passes arguments on, else the launcher.
     target, flags = _bare_launch(run) or (run, ())
     meta = (*flags, packed, None, None, None)  # the launch metadata, no launch hooks
+    # A kernel with TMA descriptor arguments: past Triton's descriptor wrapper too, encoding once per address.
+    spliced = splicer(target) if target is not run else None
+    if spliced is not None:
+        c_entry, splice = spliced
+
+        def launch_spliced(*args) -> None:
+            if _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
+                runner(*args)
+                return
+            c_entry(g0, g1, g2, raw_stream(device), function, *meta, *splice(args))
+
+        return launch_spliced
 
     def launch(*args) -> None:
         if _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
@@ -173,38 +191,10 @@ def prepare(kernel, grid: tuple[int, ...], args: tuple, constexprs: dict, **opti
     return PreparedLaunch(kernel, grid, args, constexprs, options)
 
 
-class Address:
-    """An address and dtype, all a host TensorDescriptor's launch reads of its base: recorded
-    descriptors hold no tensor (a tensor kept alive by a recording would hold its memory)."""
-
-    __slots__ = ("ptr", "dtype")
-
-    def __init__(self, ptr: int, dtype: torch.dtype):
-        self.ptr, self.dtype = ptr, dtype
-
-    def data_ptr(self) -> int:
-        return self.ptr
-
-
-def rebased(descriptor: TensorDescriptor, base: torch.Tensor | int) -> TensorDescriptor:
-    """``descriptor`` (shape, strides, block and dtype of an earlier call's) at ``base``'s address (a
-    tensor's, or an address), holding no tensor: a new call's descriptor from an earlier call's,
-    without building and checking it again.
-
-    Example::
-
-        again(rebased(first_descriptor, A), ...)   # a PreparedLaunch whose first launch made first_descriptor
-    """
-    ptr = base if isinstance(base, int) else base.data_ptr()
-    dtype = descriptor.base.dtype
-    descriptor = shallow_copy(descriptor)
-    descriptor.base = Address(ptr, dtype)
-    return descriptor
-
-
 def by_address(value):
-    """A launch argument as a recording keeps it: tensors (also a descriptor's base) by address; anything
-    else as it is.
+    """A launch argument as a recording keeps it: a tensor by its address, a descriptor as its layout at
+    its base's address (:class:`~trident.kernels.descriptors.Rebased`, encoded once per address by the
+    launch); anything else as it is.
 
     Example::
 
@@ -213,5 +203,6 @@ def by_address(value):
     if isinstance(value, torch.Tensor):
         return value.data_ptr()
     if isinstance(value, TensorDescriptor) and isinstance(value.base, torch.Tensor):
-        return dataclasses.replace(value, base=Address(value.base.data_ptr(), value.base.dtype))
+        layout = dataclasses.replace(value, base=Address(value.base.data_ptr(), value.base.dtype))
+        return rebased(layout, value.base.data_ptr())
     return value

@@ -25,6 +25,7 @@ from ... import platform as _platform
 from ... import trace
 from ...calls import CallCache, Recording, layout_key
 from ...device.bundles import Gemm, Output
+from ...kernels.descriptors import Rebased
 from ...kernels.prepared import by_address, prepare, rebased
 from .config import SIM_CONFIG, MatmulConfig, cut_plan, pick_config
 from .tiles import output_tile, tile_coords, tile_dot, tile_dot_range
@@ -293,7 +294,7 @@ class _PreparedMatmul:
         self.cfg = cfg
         self._launch = prepare(matmul_kernel, grid, args, constexprs, **options)  # launches now
         self._values = [by_address(a) for a in args]  # the ints; A, B, C and the scratch are replaced per call
-        self._descriptors = tuple(v if isinstance(v, TensorDescriptor) else None for v in self._values[:3])
+        self._descriptors = tuple(v if isinstance(v, Rebased) else None for v in self._values[:3])
         self._scratch = (scratch[0].numel(), scratch[1].numel()) if scratch else None
 
     def __call__(self, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor) -> None:
