@@ -5,7 +5,8 @@ path apart: the pipeline's own Python (layout key, capture check, cache lookup),
 launch alone, Triton's launch path against the compiled launcher's, torch's dispatcher with a
 no-op custom op (the floor of any ``torch.ops.trident.*`` call) and a fresh ``empty_like``. Each
 row is the host time per call of 200 calls issued while a sleep kernel keeps the GPU busy (so the
-queue never drains and only the host is timed), best and median of 7; then cProfile of the entry
+queue never drains and only the host is timed), the median of 7 (``trident.bench.harness.host_ms_per_call``,
+as every benchmark's host column); then cProfile of the entry
 paths, or of any row whose name contains a ``--profile`` argument, the host cases of ``trident
 bench latency`` included (the same calls and shapes). Needs a GPU (the simulator's launches are
 interpreter calls, not launches).
@@ -22,14 +23,13 @@ import io
 import json
 import os
 import pstats
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
 import triton
 
 import trident
+from trident.bench.harness import host_ms_per_call
 from trident.bench.latency import _host_cases
 from trident.calls import cache as call_cache
 from trident.calls.pipeline import run_call
@@ -92,22 +92,6 @@ def _cases(ctx) -> dict:
     }
 
 
-def host_us(fn, calls: int = 200, rounds: int = 7) -> tuple[float, float]:
-    """Best and median host microseconds per call of ``calls`` calls issued behind a sleeping GPU."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(rounds):
-        torch.cuda._sleep(50_000_000)  # the GPU is busy for longer than the host takes: the queue never drains
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return min(samples), statistics.median(samples)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results/host_anatomy")
@@ -121,9 +105,11 @@ def main() -> None:
     rows = {}
     cases = _cases(ctx)
     for name, fn in cases.items():
-        best, median = host_us(fn)
-        rows[name] = {"best_us": round(best, 2), "median_us": round(median, 2)}
-        print(f"{name:42s} best {best:7.2f}  median {median:7.2f} us", flush=True)
+        for _ in range(20):
+            fn()
+        us = host_ms_per_call(ctx.device, fn, batch=200, samples=7) * 1e3
+        rows[name] = {"host_us": round(us, 2)}
+        print(f"{name:42s} {us:7.2f} us", flush=True)
     latency, keep = _host_cases(ctx, small_only=False)
     every = {**cases, **{f"latency: {name}": fn for name, _, fn in latency}}
     for name, fn in every.items():

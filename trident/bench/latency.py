@@ -244,9 +244,10 @@ def run(ctx, args) -> dict:
     dist_group = dist.new_group(list(range(ctx.world_size)), backend="trident")
     cases, keep = _host_cases(ctx, args.small_only or ctx.platform.simulator, dist_group)  # keep: heap tensors
     # Round robin: every row gets a share of each round's calls, so a slow spell of a shared host
-    # (which moved single rows by 2-3x on the H100 host of 2026-12-05) weighs on all rows alike.
+    # (which moved single rows by 2-3x on the H100 host of 2026-12-05) weighs on all rows alike. Each
+    # round gives a row its device time and its host time per call (harness.measure).
     rounds = 1 if ctx.platform.simulator else max(1, args.host_rounds)
-    per_round = args.repeats if ctx.platform.simulator else max(args.repeats, args.host_repeats) // rounds
+    per_round = args.repeats if ctx.platform.simulator else max(1, max(args.repeats, args.host_repeats) // rounds)
     samples: dict[str, list] = {name: [] for name, _, _ in cases}
     for i in harness.progress(range(rounds * len(cases)), ctx, args, "host time"):
         name, _, fn = cases[i % len(cases)]
@@ -340,10 +341,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--graph-calls", type=int, default=100, help="calls captured in one CUDA graph")
     parser.add_argument("--small-only", action="store_true", help="fused ops at the small shape only (no 4096^3)")
     parser.add_argument("--host-repeats", type=int, default=100,
-                        help="timed calls per host-time row (a shared host's noise needs many)")
+                        help="device-timed calls per host row, spread over the rounds (each round also times "
+                             "the host in batches of back-to-back calls)")
     parser.add_argument("--host-rounds", type=int, default=5,
-                        help="rounds over every host row, each of host-repeats/rounds calls; a row's figure is "
-                             "the median of its rounds' medians")
+                        help="rounds over every host row; a row's figures are the medians of its rounds'")
     arguments.add_common_args(parser, "latency", warmup=5, repeats=20)
     return parser.parse_args(argv)
 
