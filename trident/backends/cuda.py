@@ -18,7 +18,13 @@ from ..errors import BackendUnavailableError, ContextRefusedError, TridentError
 from .base import HeapBackend
 
 
-def _cudart():
+def cuda_runtime():
+    """``cuda.bindings.runtime`` (NVIDIA's CUDA runtime bindings), or a clear error where it is missing.
+
+    Example::
+
+        checked(cuda_runtime().cudaSetDevice(0), "cudaSetDevice(0)")
+    """
     try:
         from cuda.bindings import runtime
     except ImportError as exc:  # pragma: no cover - depends on the machine
@@ -28,9 +34,15 @@ def _cudart():
     return runtime
 
 
-def _check(result, what: str):
-    """Unpack a cuda-bindings result tuple, raising on an error code."""
-    cudart = _cudart()
+def checked(result, what: str):
+    """Unpack a cuda-bindings result tuple (error code first), raising a TridentError naming ``what``
+    on an error code; returns the values after the code (one value as itself).
+
+    Example::
+
+        ptr = checked(cuda_runtime().cudaMalloc(1024), "cudaMalloc(1024)")
+    """
+    cudart = cuda_runtime()
     err, *values = result if isinstance(result, tuple) else (result,)
     if err != cudart.cudaError_t.cudaSuccess:
         _, text = cudart.cudaGetErrorString(err)
@@ -68,14 +80,14 @@ class _DeviceMemory:
 
 def _free(ptr: int) -> None:
     try:
-        _cudart().cudaFree(ptr)
+        cuda_runtime().cudaFree(ptr)
     except Exception:  # interpreter shutdown: the driver may already be gone
         pass
 
 
 def _close_ipc(ptr: int) -> None:
     try:
-        _cudart().cudaIpcCloseMemHandle(ptr)
+        cuda_runtime().cudaIpcCloseMemHandle(ptr)
     except Exception:
         pass
 
@@ -109,26 +121,26 @@ class CudaBackend(HeapBackend):
             if refused is None:
                 raise
             raise refused from exc
-        _check(_cudart().cudaSetDevice(self.index), f"cudaSetDevice({self.index})")
+        checked(cuda_runtime().cudaSetDevice(self.index), f"cudaSetDevice({self.index})")
         self.rank = rank
         self.heap_size = 0
         self._local: _DeviceMemory | None = None
 
     def create(self, heap_size: int) -> bytes:
-        cudart = _cudart()
+        cudart = cuda_runtime()
         free, total = torch.cuda.mem_get_info(self.device)
         if heap_size > free:
             raise ValueError(
                 f"heap_size={heap_size} bytes does not fit on GPU {self.index}: {free} of {total} bytes are free"
             )
-        ptr = _check(cudart.cudaMalloc(heap_size), f"cudaMalloc({heap_size})")
+        ptr = checked(cudart.cudaMalloc(heap_size), f"cudaMalloc({heap_size})")
         self._local = _DeviceMemory(int(ptr), heap_size, _free)
         self.heap_size = heap_size
-        handle = _check(cudart.cudaIpcGetMemHandle(ptr), "cudaIpcGetMemHandle")
+        handle = checked(cudart.cudaIpcGetMemHandle(ptr), "cudaIpcGetMemHandle")
         return bytes(handle.reserved)
 
     def open_peers(self, handles: list[bytes | None]) -> list[torch.Tensor | None]:
-        cudart = _cudart()
+        cudart = cuda_runtime()
         views: list[torch.Tensor | None] = []
         for peer, raw in enumerate(handles):
             if raw is None:  # a peer in another node: never mapped
@@ -139,7 +151,7 @@ class CudaBackend(HeapBackend):
             else:
                 handle = cudart.cudaIpcMemHandle_t()
                 handle.reserved = raw
-                ptr = _check(cudart.cudaIpcOpenMemHandle(handle, cudart.cudaIpcMemLazyEnablePeerAccess),
+                ptr = checked(cudart.cudaIpcOpenMemHandle(handle, cudart.cudaIpcMemLazyEnablePeerAccess),
                              f"cudaIpcOpenMemHandle (heap of rank {peer})")
                 memory = _DeviceMemory(int(ptr), self.heap_size, _close_ipc)
             # No device= here: a peer's heap may sit on another GPU, and as_tensor would copy it.
@@ -150,7 +162,7 @@ class CudaBackend(HeapBackend):
         """Pinned host memory mapped into the GPU's address space (UVA): kernels read it directly and
         the host writes it without a CUDA call, which a busy or wedged driver could stall."""
         word = torch.zeros(1, dtype=torch.int64, pin_memory=True)
-        address = _check(_cudart().cudaHostGetDevicePointer(word.data_ptr(), 0), "cudaHostGetDevicePointer")
+        address = checked(cuda_runtime().cudaHostGetDevicePointer(word.data_ptr(), 0), "cudaHostGetDevicePointer")
         return word, int(address)
 
     def close(self) -> None:
@@ -169,7 +181,7 @@ class CudaBackend(HeapBackend):
             raise TridentError(f"rank {self.rank}: ctx.register: cuMemGetAddressRange failed ({err.name}): the "
                                f"tensor's memory is not a CUDA allocation this process made")
         try:
-            handle = _check(_cudart().cudaIpcGetMemHandle(int(base)), "cudaIpcGetMemHandle")
+            handle = checked(cuda_runtime().cudaIpcGetMemHandle(int(base)), "cudaIpcGetMemHandle")
         except TridentError as exc:
             raise TridentError(
                 f"rank {self.rank}: ctx.register needs memory from cudaMalloc (torch's default caching allocator); "
@@ -181,9 +193,9 @@ class CudaBackend(HeapBackend):
     def open_exported(self, handle: bytes, nbytes: int) -> tuple[int, object]:
         memory = _opened.get(handle)  # CUDA maps an allocation once per process: share the mapping
         if memory is None:
-            ipc = _cudart().cudaIpcMemHandle_t()
+            ipc = cuda_runtime().cudaIpcMemHandle_t()
             ipc.reserved = handle
-            ptr = _check(_cudart().cudaIpcOpenMemHandle(ipc, _cudart().cudaIpcMemLazyEnablePeerAccess),
+            ptr = checked(cuda_runtime().cudaIpcOpenMemHandle(ipc, cuda_runtime().cudaIpcMemLazyEnablePeerAccess),
                          "cudaIpcOpenMemHandle (a registered tensor of a peer)")
             memory = _DeviceMemory(int(ptr), nbytes, _close_ipc)
             _opened[handle] = memory

@@ -37,6 +37,7 @@ from copy import copy as shallow_copy
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .. import torch_private
 from ..errors import TridentError
 from ..kernels.prepared import by_address, prepare, rebased
 
@@ -115,12 +116,12 @@ class _Copy:
 
 
 def _memcpy(to: int, frm: int, nbytes: int) -> None:
-    from cuda.bindings import runtime  # the cuda backend's dependency (trident.backends.cuda)
+    from ..backends.cuda import checked, cuda_runtime  # the cuda backend's (a replay on a GPU)
 
-    stream = torch.cuda.current_stream().cuda_stream
-    (err,) = runtime.cudaMemcpyAsync(to, frm, nbytes, runtime.cudaMemcpyKind.cudaMemcpyDeviceToDevice, stream)
-    if err != runtime.cudaError_t.cudaSuccess:
-        raise RuntimeError(f"cudaMemcpyAsync of {nbytes} bytes in a replayed call failed: {err}")
+    runtime = cuda_runtime()
+    stream = torch_private.raw_stream_function()(torch.cuda.current_device())
+    checked(runtime.cudaMemcpyAsync(to, frm, nbytes, runtime.cudaMemcpyKind.cudaMemcpyDeviceToDevice, stream),
+            f"cudaMemcpyAsync of {nbytes} bytes in a replayed call")
 
 
 class Recording:
