@@ -78,18 +78,15 @@ def _block(team: Team, numel: int) -> int:
     return 1024 if numel <= 64 * 1024 else 4096
 
 
-def on_heap(team: Team, rec: Recording, t: torch.Tensor, copy_in: bool) -> torch.Tensor:
-    """``t`` itself when it lies on the heap, else the staging buffer (holding t's data when ``copy_in``).
+def on_heap(team: Team, t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when it lies on the heap, else the staging buffer, which the kernel fills with
+    t's data before its entry sync (every collective stages a plain input inside its kernel).
 
     Ranks may decide differently (and pass heap tensors at different offsets): the kernels
     exchange where each rank's tensor lies. The staging buffer is allocated on every rank all the
     same, so that allocations stay in step."""
     stage = input_stage(team, t.numel(), t.dtype).view(t.shape)
-    if team.is_symmetric(t):
-        return t
-    if copy_in:
-        rec.copy(stage, t)
-    return stage
+    return t if team.is_symmetric(t) else stage
 
 
 # -- all_gather ----------------------------------------------------------------------------------
@@ -102,7 +99,7 @@ def _check_all_gather(team: Team, tensors: tuple, options: tuple) -> None:
 
 def _run_all_gather(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
-    source = on_heap(team, rec, inp, copy_in=False)  # staged inside the kernel
+    source = on_heap(team, inp)  # staged inside the kernel
     _launch(team, rec, kernels.all_gather_kernel, inp.numel(), inp, source, out, inp.numel(),
             STAGE=source is not inp, BLOCK=_block(team, inp.numel()))
 
@@ -123,7 +120,7 @@ def _check_reduce_scatter(team: Team, tensors: tuple, options: tuple) -> None:
 
 def _run_reduce_scatter(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
-    source = on_heap(team, rec, inp, copy_in=False)  # staged inside the kernel
+    source = on_heap(team, inp)  # staged inside the kernel
     _launch(team, rec, kernels.reduce_scatter_kernel, out.numel(), inp, source, out, out.numel(),
             OP=op_name(team, options[0]), ACC=acc_dtype(team, inp.dtype, "reduce_scatter"),
             STAGE=source is not inp, BLOCK=_block(team, out.numel()))
@@ -198,7 +195,7 @@ def _run_all_reduce(team: Team, rec: Recording, tensors: tuple, options: tuple) 
     inp, out = tensors
     n = inp.numel()
     row = ALL_REDUCE_ALGORITHMS[algorithm_for(n * inp.element_size(), options[1])]
-    x = on_heap(team, rec, inp, copy_in=False)  # staged inside the kernel
+    x = on_heap(team, inp)  # staged inside the kernel
     scratch = workspace(team).buffer("scratch", row.scratch(n), inp.dtype)
     meta = {"OP": op_name(team, options[0]), "ACC": acc_dtype(team, inp.dtype, "all_reduce"),
             "STAGE": x is not inp, "BLOCK": _block(team, n)}
@@ -223,10 +220,10 @@ def _check_all_to_all(team: Team, tensors: tuple, options: tuple) -> None:
 def _run_all_to_all(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     out, inp = tensors
     rows, inner = inp.shape[0] // team.world_size, math.prod(inp.shape[1:])
-    source = on_heap(team, rec, inp, copy_in=True)  # equal sizes everywhere: collective
+    source = on_heap(team, inp)  # staged inside the kernel
     # Equal splits: the offsets follow from the row count, so no split table is built or read.
-    _launch(team, rec, kernels.all_to_all_kernel, rows * inner, source, out, workspace(team).table, inner, rows,
-            EQUAL=True, BLOCK=_block(team, out.numel()))
+    _launch(team, rec, kernels.all_to_all_kernel, rows * inner, inp, source, out, workspace(team).table, inner,
+            rows, EQUAL=True, STAGE=source is not inp, BLOCK=_block(team, out.numel()))
 
 
 ALL_TO_ALL = Op("all_to_all", _check_all_to_all, _run_all_to_all,
@@ -249,7 +246,7 @@ def _check_broadcast(team: Team, tensors: tuple, options: tuple) -> None:
 def _run_broadcast(team: Team, rec: Recording, tensors: tuple, options: tuple) -> None:
     (tensor, out), (src,) = tensors, options
     n, mine = tensor.numel(), team.rank == src
-    x = on_heap(team, rec, tensor, copy_in=False)  # src stages inside the kernel; the others pull into out
+    x = on_heap(team, tensor)  # src stages inside the kernel; the others pull into out
     _launch(team, rec, kernels.broadcast_kernel, n, tensor, x, out, n, src,
             STAGE=mine and x is not tensor, COPY=mine and out.data_ptr() != tensor.data_ptr(),
             BLOCK=_block(team, n))
@@ -336,8 +333,8 @@ def _run_all_to_all_v(team: Team, rec: Recording, tensors: tuple, options: tuple
     # The table follows each call's splits (they are not in the cache key: a replay refills it).
     rec.per_call(lambda splits: _split_table(team, splits[1], splits[0], rows_in, rows_out), options)
     # Row counts differ between ranks: launch the limit (program pid must meet pid everywhere).
-    _launch(team, rec, kernels.all_to_all_kernel, None, inp, out, workspace(team).table,
-            math.prod(inp.shape[1:]), 0, EQUAL=False, BLOCK=_block(team, out.numel()))
+    _launch(team, rec, kernels.all_to_all_kernel, None, inp, inp, out, workspace(team).table,
+            math.prod(inp.shape[1:]), 0, EQUAL=False, STAGE=False, BLOCK=_block(team, out.numel()))
 
 
 ALL_TO_ALL_V = Op("all_to_all_v", _check_all_to_all_v, _run_all_to_all_v,

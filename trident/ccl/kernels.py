@@ -198,17 +198,23 @@ def reduce_scatter_kernel(
 
 @triton.jit
 def all_to_all_kernel(
-    inp_ptr, out_ptr, table_ptr, inner, equal_rows,  # rows of `inner` elements, moved as the table says
+    src_ptr, inp_ptr, out_ptr, table_ptr, inner, equal_rows,  # rows of `inner` elements, moved as the table says
     sync_ptr,
     rank, world_size, heap_bases,
-    EQUAL: tl.constexpr, BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
+    EQUAL: tl.constexpr, STAGE: tl.constexpr, BLOCK: tl.constexpr, WORLD_BLOCK: tl.constexpr,
 ):
     """Rows ``table[0:W]`` = how many rows each rank sends to each rank, ``table[W:2W]`` = where they start
     in its input, ``table[2W:3W]`` = where the rows from each rank start in my output (this rank's table).
 
     With ``EQUAL`` every rank sends ``equal_rows`` rows to every rank, in rank order: no table is read.
+    With ``STAGE`` (equal rows only) the input ``src`` is not on the heap: it is first copied into
+    ``inp`` (a heap buffer), each rank's chunk tiled as the peers' programs ``pid`` read it.
     """
     pid = arrival_ticket(sync_ptr + _ARRIVAL)  # the launch's programs by arrival, not by program id
+    if STAGE:
+        for chunk in range(world_size):
+            start = tl.cast(chunk, tl.int64) * equal_rows * inner
+            _stage_tiles(src_ptr + start, inp_ptr + start, equal_rows * inner, pid, BLOCK)
     epoch, shift = _enter(inp_ptr, sync_ptr, pid, rank, world_size, heap_bases, WORLD_BLOCK)
     for i in range(world_size):
         peer = (rank + i) % world_size

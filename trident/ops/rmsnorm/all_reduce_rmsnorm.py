@@ -136,7 +136,7 @@ def _run(team, rec, tensors, options) -> None:
     tokens, hidden = x.shape
     fp8 = out_dtype is not None
     # Allocated on every rank whether or not x is on the heap: allocations stay in step.
-    source = on_heap(team, rec, x, copy_in=False)  # a plain x is staged by the kernel itself
+    source = on_heap(team, x)  # a plain x is staged by the kernel itself
     if tokens == 0:  # the same on every rank: nobody launches
         rec.discard()
         return
