@@ -196,7 +196,7 @@ def _cached_body(ctx):
                 was = None if residual is None else residual.clone()
                 problems += _check_results(ctx, f"{what} call {salt}", out, h, shape, dtype, was, weight, salt)
                 kept.append((out, h, was, salt))
-                entries.append(list(cache._entries.values()))
+                entries.append(cache.entries("all_reduce_rmsnorm"))
             if len(entries[0]) != 1 or any(e != entries[0] or e[0] is not entries[0][0] for e in entries):
                 problems.append(f"{what}: cache entries after each call {entries}, expected the first call's only")
             for out, h, was, salt in kept:  # fresh tensors: later calls wrote none of them
@@ -213,15 +213,17 @@ def _cached_body(ctx):
         normed, h_want = _reference(w, shape, dtype, residual, weight, salt)
         problems += _fp8_problems(f"rank {me}/{w} fp8 call {salt}", out, normed, scale.item())
         problems += _diff(f"rank {me}/{w} fp8 call {salt}: h", h, h_want, dtype)
-    if len(cache) != 1:
-        problems.append(f"rank {me}/{w} fp8 tensor scale: {len(cache)} cache entries after 3 calls, expected 1")
+    kept = len(cache.entries("all_reduce_rmsnorm"))
+    if kept != 1:
+        problems.append(f"rank {me}/{w} fp8 tensor scale: {kept} cache entries after 3 calls, expected 1")
     # a float scale is part of the key: another value on the same buffers is another entry, not a stale one
     normed = _reference(w, shape, dtype, residual, weight, salt=2)[0]  # x and residual hold call 2's data
     for s in (0.01, 0.02, 0.01):
         out, h = all_reduce_rmsnorm(ctx, x, weight, EPS, residual=residual, out_dtype=FP8, scale=s)
         problems += _fp8_problems(f"rank {me}/{w} fp8 scale {s}", out, normed, s)
-    if len(cache) != 3:
-        problems.append(f"rank {me}/{w} fp8: {len(cache)} cache entries, expected 3 (tensor scale, 0.01, 0.02)")
+    kept = len(cache.entries("all_reduce_rmsnorm"))
+    if kept != 3:
+        problems.append(f"rank {me}/{w} fp8: {kept} cache entries, expected 3 (tensor scale, 0.01, 0.02)")
     return problems
 
 

@@ -109,6 +109,24 @@ class CallCache:
             del self._entries[next(iter(self._entries))]
         self._entries[key] = entry
 
+    def ops(self) -> list[str]:
+        """The op name of every entry, oldest first (the first part of its key).
+
+        Example::
+
+            ctx.call_cache.ops()   # ['device_barrier', 'all_reduce', 'all_reduce']
+        """
+        return [key[0] for key in self._entries]
+
+    def entries(self, name: str | None = None) -> list:
+        """The entries of op ``name`` (every entry when None), oldest first.
+
+        Example::
+
+            (entry,) = ctx.call_cache.entries("all_reduce")   # the one all_reduce layout kept
+        """
+        return [entry for key, entry in self._entries.items() if name is None or key[0] == name]
+
     def clear(self) -> None:
         """Forget every entry."""
         self._entries.clear()

@@ -26,17 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import Any, cast
 
 from ..errors import TopologyError
 from ..runtime.device_loss import raise_explained
 from ..runtime.resources import note_call
+from ..runtime.team import Team
 from .cache import layout_key
 from .recording import Recording
-
-if TYPE_CHECKING:
-    from ..runtime.context import Context
-    from ..runtime.team import Team
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +85,7 @@ def run_call(team: Team, op: Op, tensors: tuple, options: tuple = ()):
         if op.across_nodes is None:
             if op.refusal is not None:
                 raise op.refusal(team)
-            world = cast("Context", team)  # only the world spans nodes (a group lives in one node)
+            world = cast(Any, team)  # only the world (a Context) spans nodes: a group lives in one node
             raise TopologyError(
                 f"{team.who()}: trident {op.name} does not run across nodes (this job: "
                 f"{world.topology.describe()}): run it inside a node, with group=ctx.new_group(ranks) for the "

@@ -355,9 +355,10 @@ class Context(SymmetricHeapMixin):
         self._check_open()
         if self._hierarchy is not None:  # no device path between nodes: torch.distributed joins them
             return self._hierarchy.device_barrier()
-        from ..kernels.barrier import launch_device_barrier
+        from ..calls.pipeline import run_call
+        from .barrier_ops import WORLD_BARRIER
 
-        launch_device_barrier(self.heap_bases, self.rank, self.world_size)
+        run_call(self, WORLD_BARRIER, (self.heap_bases,))
 
     def abort(self) -> None:
         """Make this rank's device waits give up now (they record an 'aborted' fault), until

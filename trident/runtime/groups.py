@@ -239,9 +239,10 @@ class Group:
     def device_barrier(self) -> None:
         """A device barrier of the members only (on the group's own barrier words)."""
         self.check_usable("run a device barrier")
-        from ..kernels.barrier import launch_group_barrier
+        from ..calls.pipeline import run_call
+        from .barrier_ops import GROUP_BARRIER
 
-        launch_group_barrier(self._barrier, self.heap_bases, self.rank, self.world_size)
+        run_call(self, GROUP_BARRIER, (self._barrier, self.heap_bases))
 
     def barrier(self) -> None:
         """Wait for this rank's device work, then for every member (collective over the members).

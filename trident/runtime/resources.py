@@ -189,6 +189,7 @@ class GrowingBuffer:
                     f"rank {self.ctx.rank}: a call inside CUDA-graph capture needs {nbytes} bytes of a trident "
                     f"buffer that holds {have}: growing it would free memory that captured work uses. Make the "
                     f"same call (same sizes) once before capturing, so that its buffers exist already")
+            calling = self.ctx.resources.calling  # the op that asked (the barriers below are calls too)
             if self.tensor is not None:
                 self.ctx.device_barrier()  # no rank's earlier kernel still uses the old buffer
                 old, self.tensor = self.tensor, None  # gone before freed: nothing points at freed memory
@@ -199,7 +200,7 @@ class GrowingBuffer:
                 else:
                     self.ctx.free(old)
             size = 1 << (nbytes - 1).bit_length()
-            fresh = self._allocate(size)
+            fresh = self._allocate(size, calling)
             # Every rank zeroed its copy before any peer writes into it, and (the allocation digests
             # compared) every rank's copy lies at the same offset: peers reach it at their own offset,
             # so a buffer made after ranks' allocations diverged would misdirect every write into it.
@@ -210,12 +211,11 @@ class GrowingBuffer:
             self.captured = True
         return self.tensor[:nbytes]
 
-    def _allocate(self, size: int) -> torch.Tensor:
-        """``size`` fresh bytes; heap exhaustion names this buffer and the op that asked for it."""
+    def _allocate(self, size: int, op: str) -> torch.Tensor:
+        """``size`` fresh bytes; heap exhaustion names this buffer and ``op``, the op that asked for it."""
         try:
             return self.ctx.zeros(size, dtype=torch.uint8) if self.zeroed else self.ctx.empty(size, dtype=torch.uint8)
         except HeapExhaustedError as exc:
-            op = self.ctx.resources.calling
             raise HeapExhaustedError(
                 f"rank {self.ctx.rank}: {f'trident {op}' if op else 'a trident call'} needs {self.what} to grow "
                 f"to {size} bytes (a power of two at least the call's size), and the symmetric heap cannot hold it: "
