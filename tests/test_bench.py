@@ -56,6 +56,23 @@ def test_time_ms_calls_warmup_plus_repeats_and_takes_the_median():
     assert 1.5 < ms < 15  # the median of ~1, ~30, ~2 ms is ~2 ms, not the 30 ms outlier
 
 
+@pytest.mark.skipif(SIMULATOR, reason="CUDA events and host batches need a GPU")
+def test_device_time_alone_calls_exactly_warmup_plus_repeats_on_a_gpu():
+    """time_ms/time_on time the device only: no host batches, so a benchmark that checks what its
+    calls did (an atomic's total) sees exactly warmup + repeats calls; measure adds the host batches."""
+    calls = []
+    x = torch.zeros(1, device="cuda")
+
+    def fn():
+        calls.append(1)
+        x.add_(1)
+
+    harness.time_on(torch.device("cuda"), fn, warmup=2, repeats=3)
+    assert len(calls) == 5
+    t = harness.measure(torch.device("cuda"), fn, warmup=0, repeats=1)
+    assert len(calls) == 5 + 1 + harness.HOST_BATCH * harness.HOST_SAMPLES and t.host_ms > 0
+
+
 def test_table_aligns_and_marks_missing():
     text = harness.table([{"op": "load", "gbps": 1.5}, {"op": "atomic_add", "gbps": None}],
                          [("op", "op", ""), ("gbps", "GB/s", ".2f")])

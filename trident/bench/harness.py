@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform as pyplatform
 import shlex
@@ -69,7 +70,7 @@ def time_on(device: torch.device, fn, warmup: int, repeats: int) -> float:
 
         ms = time_on(A.device, lambda: torch.matmul(A, B), warmup=3, repeats=10)
     """
-    return measure(device, fn, warmup, repeats).device_ms
+    return measure(device, fn, warmup, repeats, host=False).device_ms
 
 
 #: GPU cycles the stream sleeps before each timed call: about 1 ms at an H200's clock, far more
@@ -94,9 +95,12 @@ HOST_BATCH, HOST_SAMPLES = 20, 3
 BATCH_SLEEP_CYCLES = 20_000_000
 
 
-def measure(device: torch.device, fn, warmup: int, repeats: int) -> Timing:
+def measure(device: torch.device, fn, warmup: int, repeats: int, host: bool = True) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then the median device time of ``repeats`` timed ones
-    and the host time per call (:func:`host_ms_per_call`).
+    and the host time per call (:func:`host_ms_per_call`; on a GPU that calls ``fn`` another
+    ``HOST_BATCH * HOST_SAMPLES`` times: ``host=False`` skips it, and ``host_ms`` is then NaN, for a
+    caller that counts on ``fn`` running exactly ``warmup + repeats`` times, as a check of an atomic's
+    total does).
 
     ``device`` is where the timer runs (``ctx.platform.timing_device``): a GPU is timed with CUDA
     events, the CPU (the simulator's kernels run there) with the host clock, which then gives both
@@ -130,7 +134,7 @@ def measure(device: torch.device, fn, warmup: int, repeats: int) -> Timing:
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end))
-    return Timing(statistics.median(samples), host_ms_per_call(device, fn))
+    return Timing(statistics.median(samples), host_ms_per_call(device, fn) if host else math.nan)
 
 
 def host_ms_per_call(device: torch.device, fn, batch: int = HOST_BATCH, samples: int = HOST_SAMPLES) -> float:
