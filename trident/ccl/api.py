@@ -2,7 +2,7 @@
 
 Each call runs through the call pipeline (:func:`trident.calls.run_call`): its arguments are
 checked before anything runs, tensors that are not on the heap are staged through a symmetric
-buffer (inside the kernel for all_gather and all_reduce; a copy in and out for the others), and
+buffer inside the collective's own kernel (all_to_all_v's input must lie on the heap), and
 one kernel is launched on the current stream. There is no host synchronization inside, so the
 calls can be captured in a CUDA graph, as long as split sizes are given as device tensors.
 
