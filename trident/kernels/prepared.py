@@ -118,22 +118,15 @@ def direct_launcher(compiled, grid: tuple[int, ...]):
     meta = (*flags, packed, None, None, None)  # the launch metadata, no launch hooks
     # A kernel with TMA descriptor arguments: past Triton's descriptor wrapper too, encoding once per address.
     spliced = splicer(target) if target is not run else None
+    splice = None
     if spliced is not None:
-        c_entry, splice = spliced
-
-        def launch_spliced(*args) -> None:
-            if _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
-                runner(*args)
-                return
-            c_entry(g0, g1, g2, raw_stream(device), function, *meta, *splice(args))
-
-        return launch_spliced
+        target, splice = spliced
 
     def launch(*args) -> None:
         if _hooked(hooks.launch_enter_hook) or _hooked(hooks.launch_exit_hook):
             runner(*args)
             return
-        target(g0, g1, g2, raw_stream(device), function, *meta, *args)
+        target(g0, g1, g2, raw_stream(device), function, *meta, *(args if splice is None else splice(args)))
 
     return launch
 

@@ -21,8 +21,6 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .. import torch_private
-
 #: Uploads that may be queued at once before the host waits for the oldest.
 SLOTS = 64
 
@@ -60,19 +58,5 @@ class Uploads:
         dst.copy_(pinned[:n], non_blocking=True)
         if event is None:
             event = self._events[i] = torch.cuda.Event()
-        event.record(_current_stream(dst.device.index))
+        event.record()
         return dst
-
-
-#: Stream objects by raw handle: ``torch.cuda.current_stream()`` builds a new Python object per call, about
-#: half an upload's host time (host_anatomy.py's profile of all_to_all_v, H100, 2026-12-06).
-_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def _current_stream(device: int) -> torch.cuda.Stream:
-    """The current stream of CUDA device ``device``, as a torch Stream (the same handle's object kept)."""
-    handle = torch_private.raw_stream_function()(device)
-    stream = _STREAMS.get(handle)
-    if stream is None or stream.device_index != device:
-        stream = _STREAMS[handle] = torch.cuda.current_stream(device)
-    return stream
