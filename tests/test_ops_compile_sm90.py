@@ -83,8 +83,11 @@ for wait in (True, False):
          {"c": "*bf16", "M": "i32", "N": "i32", "stride_cm": "i32", **sync(wait), **WORLD},
          dict(TILE, WORLD_BLOCK=8, WAIT_FLAGS=wait))
 # all_gather_gemm reads A through pointers (from peers, or from what the kernel gathered).
-agg = {"a_local": "*bf16", "b": "*bf16", "c": "*bf16", **SIZES}
+# A plain A_local is staged by the kernel (source given), a heap one is read in place (source None).
+agg = {"a_local": "*bf16", "source": "*bf16", "b": "*bf16", "c": "*bf16", **SIZES}
 case("all_gather_gemm pull tma=False", AG.pull_kernel, {**agg, **sync(False), **WORLD},
+     dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
+case("all_gather_gemm pull heap A_local", AG.pull_kernel, {**agg, "source": "constexpr", **sync(False), **WORLD},
      dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
 case("all_gather_gemm gather tma=False", AG.gather_gemm_kernel,
      {**agg, "a_full": "*bf16", "gather_programs": "i32", **sync(True), **WORLD},
@@ -92,7 +95,7 @@ case("all_gather_gemm gather tma=False", AG.gather_gemm_kernel,
 # As the op launches it on fp32 (the tiles and stages pick_config gives fp32), with the launcher's
 # specializations (aligned pointers and row strides, unit strides as constants): its pipelined K loop
 # must fit a Hopper SM's shared memory (two loops, one per source of A, once asked for 384 KiB).
-F32 = {"a_local": "*fp32", "a_full": "*fp32", "b": "*fp32", "c": "*fp32", **SHAPE,
+F32 = {"a_local": "*fp32", "source": "constexpr", "a_full": "*fp32", "b": "*fp32", "c": "*fp32", **SHAPE,
        "strides": (I32, "constexpr", I32, "constexpr", I32)}
 AG_ARGS = AG.gather_gemm_kernel.arg_names
 case("all_gather_gemm gather fp32 tma=False", AG.gather_gemm_kernel,
@@ -119,7 +122,7 @@ print(json.dumps(results))
 @pytest.mark.sm90_child(CHILD)
 def test_ops_kernels_compile_for_sm90_with_tma_and_wgmma(tmp_path):
     results = run_child(CHILD, tmp_path)
-    assert len(results) == 23
+    assert len(results) == 24
     failed = {k: v["error"] for k, v in results.items() if not v["ok"]}
     assert not failed, failed
     too_big = {k: v["shared"] for k, v in results.items() if v["shared"] > HOPPER_SHARED_BYTES}

@@ -89,6 +89,22 @@ def test_patterns_in_turn_and_with_gemm_all_scatter(pool2, op):
     assert_gemm_errors(pool2.run(_body, op, FUSED + FUSED[::-1] + ("auto",), case), 2 * (2 * len(FUSED) + 1), op)
 
 
+def _staged_chunks_body(ctx, pattern):
+    from trident.ops.fused.sync import STAGE_CHUNK
+
+    m, K = 33, 2 * STAGE_CHUNK // 33 + 7  # a plain A_local of two whole staging chunks and part of a third
+    assert 2 * STAGE_CHUNK < m * K < 3 * STAGE_CHUNK
+    return [(pattern, torch.float16, seed,
+             _agg_call(ctx, pattern, torch.float16, m, 8, K, SMALL, seed, symmetric=False)) for seed in range(2)]
+
+
+@pytest.mark.parametrize("pattern", ["fused_sequential", "workgroup_specialized"])
+def test_all_gather_gemm_stages_a_plain_a_local_of_several_chunks_in_its_kernel(pool2, pattern):
+    """The kernel copies a plain A_local onto the heap chunk by chunk and announces the call only once the
+    last chunk is in: a peer reading earlier would multiply the NaNs or last call's rows (two calls)."""
+    assert_gemm_errors(pool2.run(_staged_chunks_body, pattern), 2, "all_gather_gemm")
+
+
 def _mixed_body(ctx):
     import trident
 

@@ -9,6 +9,8 @@ and never reset between calls (:func:`sync_block`). Its layout (word indices)::
     ARRIVAL_WORD                      programs of the running launch that have started (enter_call)
     WORK_WORD + i, i < WORK_COUNTERS  work counters of the running launch: items claimed so far
                                       (:func:`claim_work`), 0 between launches
+    STAGE_CLAIM_WORD                  chunks of a staged operand claimed so far (:func:`enter_call_staging`)
+    STAGE_DONE_WORD                   chunks of a staged operand copied so far
     READY_WORD + p                    READY[p]: the last call rank p has entered
     READY_WORD + world_size + p       ARRIVED[p]: the last call rank p is done with this rank in
     READY_WORD + 2 * world_size + p   OFFSET[p]: where rank p's symmetric operand of the running call
@@ -27,6 +29,11 @@ below take it with the kernel's :class:`~trident.device.bundles.Team` and find t
   arrival 0, the first that runs, tells every peer where this rank's symmetric operand lies
   (``OFFSET[rank]``) and then "I am in call ``epoch``" (``READY[rank] = epoch`` at each peer):
   this rank's inputs for the call are written and its outputs of the last call are consumed.
+* :func:`enter_call_staging`: the same for a call whose symmetric operand is staged by the kernel
+  itself from a plain tensor (all_gather_gemm's A_local when not on the heap): the programs copy it
+  into its heap buffer in chunks they claim, and the program that copies the last chunk announces the
+  call. A chunk is claimed only by a program that runs, and copying waits on nothing, so every chunk
+  is copied however few programs run at a time.
 * :func:`wait_peers_ready`: before a program first touches a peer (reads its input, writes its
   output), it acquires that from every peer, and returns the team it must reach peers with.
 
@@ -42,9 +49,10 @@ mismatch (it is symmetric), so no rank reaches a peer; waits for peers' signals 
 (:func:`trident.wait`), and the call ends on every rank with nothing written to a wrong place. Its
 results are invalid; the next call, with symmetric operands, runs normally. The check costs a
 store per peer at entry and a load per peer per program, next to the handshake's own.
-* :func:`finish_call`: every program takes a ticket at its end; the last one resets that counter
-  and the work counters (the last to arrive resets the arrival counter), tells every peer "I am done with you"
-  (``ARRIVED[rank] = epoch``), waits until every peer has said the same, and stores the new epoch.
+* :func:`finish_call`: every program takes a ticket at its end; the last one resets that counter,
+  the work counters and the staging counters (the last to arrive resets the arrival counter), tells
+  every peer "I am done with you" (``ARRIVED[rank] = epoch``), waits until every peer has said the
+  same, and stores the new epoch.
   So when the kernel ends, every peer's writes into this rank have landed and no peer still reads
   this rank's inputs.
 
@@ -91,7 +99,11 @@ ARRIVAL_WORD = 2
 WORK_WORD = 3
 #: Work counters a launch may claim items from (:func:`claim_work`).
 WORK_COUNTERS = 2
-READY_WORD = WORK_WORD + WORK_COUNTERS
+STAGE_CLAIM_WORD = WORK_WORD + WORK_COUNTERS
+STAGE_DONE_WORD = STAGE_CLAIM_WORD + 1
+READY_WORD = STAGE_DONE_WORD + 1
+#: Elements of a staged operand one program copies per claim (:func:`enter_call_staging`).
+STAGE_CHUNK = 4096
 #: Tile flags the block has room for at least (so that small calls never grow it).
 MIN_FLAGS = 64
 
@@ -100,13 +112,16 @@ _TICKET = tl.constexpr(TICKET_WORD)
 _ARRIVAL = tl.constexpr(ARRIVAL_WORD)
 _WORK = tl.constexpr(WORK_WORD)
 _WORK_COUNTERS = tl.constexpr(WORK_COUNTERS)
+_STAGE_CLAIM = tl.constexpr(STAGE_CLAIM_WORD)
+_STAGE_DONE = tl.constexpr(STAGE_DONE_WORD)
+_STAGE_CHUNK = tl.constexpr(STAGE_CHUNK)
 _READY = tl.constexpr(READY_WORD)
 
 
 def sync_words(world_size: int, flags: int = 0) -> int:
     """Words of a sync block for ``world_size`` ranks with ``flags`` tile flags (at least :data:`MIN_FLAGS`):
-    the three counters (epoch, finish ticket, arrival ticket), the work counters, READY, ARRIVED, OFFSET
-    and LOCAL, then the flags.
+    the three counters (epoch, finish ticket, arrival ticket), the work counters, the staging counters,
+    READY, ARRIVED, OFFSET and LOCAL, then the flags.
 
     Example::
 
@@ -203,14 +218,54 @@ def enter_call(sync_ptr, operand, team, WORLD_BLOCK: tl.constexpr):
     call = CallSync(sync_ptr, call_epoch(sync_ptr), offset, WORLD_BLOCK)
     arrival = arrival_ticket(sync_ptr + _ARRIVAL)  # int32: it takes a program id's place (TMA coordinates)
     if arrival == 0:
-        peers = tl.arange(0, WORLD_BLOCK)
-        is_peer = peers < team.world_size
-        store(_offset_words(call, team) + team.rank + peers * 0, offset + peers * 0, team.rank, peers,
-              team.heap_bases, mask=is_peer)
-        # signal's CTA barrier and release order the offsets' stores before READY.
-        signal(ready_words(call) + team.rank + peers * 0, call.epoch, team.rank, peers, team.heap_bases,
-               mask=is_peer)
+        _announce(call, team)
     return call, arrival
+
+
+@triton.jit
+def enter_call_staging(sync_ptr, operand, source, numel, team, WORLD_BLOCK: tl.constexpr):
+    """:func:`enter_call` for a call whose symmetric operand (``numel`` elements, contiguous, on the heap)
+    is a copy of ``source`` (a plain tensor of the same layout) that this kernel makes. Every program
+    claims chunks of :data:`STAGE_CHUNK` elements and copies them until none is left; the program that
+    copies the last chunk announces the call (``OFFSET``, then ``READY``), so peers read the operand
+    only once it is whole. The previous call's readers of the operand passed its :func:`finish_call`.
+
+    Example::
+
+        call, arrival = enter_call_staging(sync_ptr, stage, a_plain, m * K, team, WORLD_BLOCK)
+    """
+    offset = operand.to(tl.int64) - tl.load(team.heap_bases + team.rank)
+    call = CallSync(sync_ptr, call_epoch(sync_ptr), offset, WORLD_BLOCK)
+    arrival = arrival_ticket(sync_ptr + _ARRIVAL)
+    chunks = tl.cdiv(numel, _STAGE_CHUNK)
+    if chunks == 0:
+        if arrival == 0:
+            _announce(call, team)
+    lanes = tl.arange(0, _STAGE_CHUNK)
+    chunk = tl.atomic_add(sync_ptr + _STAGE_CLAIM, 1, sem="relaxed", scope="gpu")
+    while chunk < chunks:
+        offs = chunk.to(tl.int64) * _STAGE_CHUNK + lanes
+        tl.store(operand + offs, tl.load(source + offs, mask=offs < numel), mask=offs < numel)
+        tl.debug_barrier()  # every thread's stores before the count's release
+        # acq_rel: the program that copies the last chunk acquires every other chunk's stores, and its
+        # READY release (cumulative) hands them to the peers.
+        if tl.atomic_add(sync_ptr + _STAGE_DONE, 1, sem="acq_rel", scope="gpu") == chunks - 1:
+            _announce(call, team)
+        chunk = tl.atomic_add(sync_ptr + _STAGE_CLAIM, 1, sem="relaxed", scope="gpu")
+    return call, arrival
+
+
+@triton.jit
+def _announce(call, team):
+    """Tell every peer where this rank's operand lies (``OFFSET[rank]``), then release
+    ``READY[rank] = epoch`` there: this rank's inputs of the call are written."""
+    peers = tl.arange(0, call.WORLD_BLOCK)
+    is_peer = peers < team.world_size
+    store(_offset_words(call, team) + team.rank + peers * 0, call.offset + peers * 0, team.rank, peers,
+          team.heap_bases, mask=is_peer)
+    # signal's CTA barrier and release order the offsets' stores before READY.
+    signal(ready_words(call) + team.rank + peers * 0, call.epoch, team.rank, peers, team.heap_bases,
+           mask=is_peer)
 
 
 @triton.jit
@@ -283,6 +338,8 @@ def finish_call(call, team):
         tl.store(call.sync_ptr + _TICKET, 0)  # the next launch (stream-ordered after this one) counts afresh
         for i in tl.static_range(_WORK_COUNTERS):  # no program of this launch claims any more
             tl.store(call.sync_ptr + _WORK + i, 0)
+        tl.store(call.sync_ptr + _STAGE_CLAIM, 0)
+        tl.store(call.sync_ptr + _STAGE_DONE, 0)
         tl.store(call.sync_ptr + _EPOCH, call.epoch)
         peers = tl.arange(0, call.WORLD_BLOCK)
         is_peer = peers < team.world_size

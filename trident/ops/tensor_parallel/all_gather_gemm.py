@@ -60,15 +60,16 @@ def _full_a(call: FusedCall) -> torch.Tensor:
     return torch.empty(call.ctx.world_size * m, K, dtype=call.A.dtype, device=call.ctx.device)
 
 
-def _staged_a_local(call: FusedCall) -> torch.Tensor:
-    """A_local where peers can read it: itself when symmetric, else a copy in the collectives' input
-    buffer. The buffer is taken on every rank all the same (used or not), so heap allocations stay
-    in step."""
+def _staged_a_local(call: FusedCall) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(a_local, source)``: A_local where peers read it and what the kernel stages it from. A symmetric
+    A_local is used in place (``source`` None); a plain one is copied by the kernel itself into the
+    collectives' input buffer (``source`` is it). The buffer is taken on every rank all the same
+    (used or not), so heap allocations stay in step."""
     A_local, ctx = call.A, call.ctx
     stage = input_stage(ctx, A_local.numel(), A_local.dtype).view(A_local.shape)
     if ctx.is_symmetric(A_local):
-        return A_local
-    return call.copy(stage, A_local)
+        return A_local, None
+    return stage, A_local
 
 
 def _bulk_synchronous(call: FusedCall) -> None:
@@ -93,10 +94,10 @@ def _sizes(call: FusedCall, a_local: torch.Tensor) -> tuple[tuple[int, ...], tup
 def _fused_sequential(call: FusedCall) -> None:
     """One persistent kernel; each tile reads its rows of A from their owner."""
     ctx, cfg = call.ctx, call.cfg
-    a_local = _staged_a_local(call)
+    a_local, source = _staged_a_local(call)
     tiles = _row_blocks(call, a_local) * triton.cdiv(call.B.shape[1], cfg.BLOCK_N)
     call.launch_gemm(kernels.pull_kernel, (num_programs(ctx.platform, tiles, cfg),), (
-        a_local, call.B, call.C, *_sizes(call, a_local),
+        a_local, source, call.B, call.C, *_sizes(call, a_local),
         call.sync(), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
     ))
@@ -106,7 +107,7 @@ def _workgroup_specialized(call: FusedCall) -> None:
     """One kernel: gather programs copy the peers' row blocks of A and flag them, the others multiply
     (my own rows read in place)."""
     ctx, cfg = call.ctx, call.cfg
-    a_local = _staged_a_local(call)
+    a_local, source = _staged_a_local(call)
     blocks = _row_blocks(call, a_local)  # a flag each
     tiles = blocks * triton.cdiv(call.B.shape[1], cfg.BLOCK_N)
     sync = call.sync(flags=blocks)
@@ -116,7 +117,7 @@ def _workgroup_specialized(call: FusedCall) -> None:
     a_full = _full_a(call)
     call.own(a_full)
     call.launch_gemm(kernels.gather_gemm_kernel, (comm + gemm_programs,), (
-        a_local, a_full, call.B, call.C, *_sizes(call, a_local),
+        a_local, source, a_full, call.B, call.C, *_sizes(call, a_local),
         comm,
         sync, call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
@@ -164,7 +165,7 @@ def all_gather_gemm(ctx, A_local: torch.Tensor, B: torch.Tensor, C: torch.Tensor
         ctx: the trident context.
         A_local: ``m x K``, this rank's rows of A (rank r's are rows ``r*m .. r*m + m - 1``);
             float16, bfloat16 or float32 (fp32 accumulation). Used in place when it is symmetric
-            (``ctx.empty`` ...), else copied into a heap buffer first (peers read it). Every rank
+            (``ctx.empty`` ...), else copied by the kernel into a heap buffer (peers read it). Every rank
             passes the same heap tensor, or a plain tensor (checked in debug mode).
         B: ``K x N``, this rank's (any tensor on the device).
         C: ``world_size * m x N`` result, on the device (need not be symmetric).

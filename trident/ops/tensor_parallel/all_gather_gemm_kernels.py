@@ -1,6 +1,10 @@
 """Kernels of all-gather + GEMM: ``C = all_gather(A_local) @ B``, with A gathered while the GEMM runs.
 
-Rank r holds ``A_local`` (m x K, symmetric: peers read it) and B (K x N). ``C`` (W*m x N) is
+Rank r holds ``A_local`` (m x K, symmetric: peers read it) and B (K x N). When the caller's A_local
+is not on the heap, ``a_local`` is its stage (a heap buffer of the same layout) and ``source`` the
+caller's tensor: the kernel copies it into the stage before announcing the call
+(:func:`~trident.ops.fused.sync.enter_call_staging`) and reads its own rows from ``source``; else
+``source`` is None. ``C`` (W*m x N) is
 cut into W row shards of m rows, one per source rank, each tiled on its own
 (:func:`~trident.ops.gemm.tiles.shard_tile`): a tile's rows of A all come from one rank. Every
 rank walks the shards starting with its own, whose rows need no communication.
@@ -30,13 +34,14 @@ import triton.language as tl
 from ... import trace
 from ...device import signal, translate, wait
 from ...device.bundles import Gemm, Team
-from ..fused.sync import claim_work, enter_call, finish_call, flag_words, wait_peers_ready
+from ..fused.sync import claim_work, enter_call, enter_call_staging, finish_call, flag_words, wait_peers_ready
 from ..gemm.tiles import shard_tile, tile_dot, tile_offsets
 
 
 @triton.jit
 def pull_kernel(
-        a_local, b, c,                                  # my rows of A (symmetric), B, C (every rank's rows)
+        a_local, source, b, c,                          # my rows of A (symmetric), the plain A_local it is staged
+                                                        # from (or None), B, C (every rank's rows)
         shape, strides,                                 # (m, N, K), m: rows per rank;
                                                         # (stride_am, stride_ak, stride_bk, stride_bn, stride_cm)
         sync_ptr, trace_ptr,                            # the sync block; the trace buffer or None
@@ -47,18 +52,31 @@ def pull_kernel(
     TRACE: tl.constexpr = trace_ptr is not None
     team = Team(rank, world_size, heap_bases)
     m, N = shape[0], shape[1]
-    call, _ = enter_call(sync_ptr, a_local, team, WORLD_BLOCK)
+    call, _, a_own = _enter(sync_ptr, a_local, source, shape, team, WORLD_BLOCK)
     team = wait_peers_ready(call, team)
     tiles = world_size * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
         t0 = trace.now_if(TRACE)
         src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
-        a_src = translate(a_local, rank, src, team.heap_bases)  # src's A_local, as this process maps it
+        a_src = tl.where(src == rank, a_own, translate(a_local, rank, src, team.heap_bases))  # src's A_local
         gemm = Gemm(a_src, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
         acc = tile_dot(gemm, pid_m, pid_n)
         _store_rows(c, shape, strides, src, acc, pid_m, pid_n, BLOCK_M, BLOCK_N)
         trace.record(trace_ptr, trace.COMPUTE, tile, src, t0, rank, TRACE)
     finish_call(call, team)
+
+
+@triton.jit
+def _enter(sync_ptr, a_local, source, shape, team, WORLD_BLOCK: tl.constexpr):
+    """``(call, arrival, a_own)``: enter the call (staging ``source`` into ``a_local`` first when given) and
+    where this rank's own rows are read: ``source`` when given (no wait for the stage), else ``a_local``."""
+    if source is not None:
+        call, arrival = enter_call_staging(sync_ptr, a_local, source, shape[0] * shape[2], team, WORLD_BLOCK)
+        a_own = source
+    else:
+        call, arrival = enter_call(sync_ptr, a_local, team, WORLD_BLOCK)
+        a_own = a_local
+    return call, arrival, a_own
 
 
 @triton.jit
@@ -86,7 +104,8 @@ def copy_rows(src_ptr, dst_ptr, row0, rows, K, stride_src, stride_dst, rank, pee
 
 @triton.jit
 def gather_gemm_kernel(
-        a_local, a_full, b, c,                          # my rows of A (symmetric), all rows (W*m x K), B, C
+        a_local, source, a_full, b, c,                  # my rows of A (symmetric), the plain A_local it is staged
+                                                        # from (or None), all rows (W*m x K), B, C
         shape, strides,                                 # (m, N, K), m: rows per rank;
                                                         # (stride_am, stride_ak, stride_bk, stride_bn, stride_cm)
         gather_programs,                                # the first gather_programs to arrive gather, the rest multiply
@@ -97,7 +116,7 @@ def gather_gemm_kernel(
     """workgroup_specialized: the first ``gather_programs`` programs to start claim the peers' row
     blocks of A (work counter 0) and copy each into ``a_full`` (``W*m x K``, row stride K; my own rows
     are not copied), releasing ``FLAGS[block]``; then they, and from the start every later program,
-    claim the GEMM's tiles (work counter 1), my own rows first, straight from ``a_local`` with no
+    claim the GEMM's tiles (work counter 1), my own rows first, straight from the caller's A_local with no
     wait, then each peer block once its flag is acquired. A gather program turns to tiles only when
     every block is claimed, and the later programs started after every gather program, so a tile
     waits only on a block some running program has claimed, whichever programs the GPU runs first.
@@ -105,7 +124,7 @@ def gather_gemm_kernel(
     TRACE: tl.constexpr = trace_ptr is not None
     team = Team(rank, world_size, heap_bases)
     m, N, K = shape[0], shape[1], shape[2]
-    call, arrival = enter_call(sync_ptr, a_local, team, WORLD_BLOCK)
+    call, arrival, a_own = _enter(sync_ptr, a_local, source, shape, team, WORLD_BLOCK)
     flags = flag_words(call, team)
     blocks = tl.cdiv(m, BLOCK_M)  # row blocks per source rank
     if arrival < gather_programs:
@@ -137,7 +156,7 @@ def gather_gemm_kernel(
         # unit column stride (a stride chosen per tile would hide it).
         # a_full was written by this kernel with ordinary stores: read with ordinary loads too (TMA would
         # need a proxy fence first).
-        a_rows = tl.where(own, a_local, a_full + tl.cast(src, tl.int64) * m * K)
+        a_rows = tl.where(own, a_own, a_full + tl.cast(src, tl.int64) * m * K)
         acc = tile_dot(Gemm(a_rows, b, shape, (strides[0], strides[1], strides[2], strides[3]),
                             BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False), pid_m, pid_n)
         _store_rows(c, shape, strides, src, acc, pid_m, pid_n, BLOCK_M, BLOCK_N)
