@@ -115,7 +115,7 @@ def all_reduce_rmsnorm(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float = 
     me = team(ctx, group)  # the whole world, or a group of ctx.new_group
     if isinstance(x, torch.Tensor) and (out_dtype is None or isinstance(out_dtype, torch.dtype)):
         h = torch.empty_like(x)  # new tensors on every call: the caller keeps the last ones
-        out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+        out = torch.empty_like(x) if out_dtype is None else torch.empty(x.shape, dtype=out_dtype, device=x.device)
     else:  # the check says what is wrong
         h = out = None
     number = None if isinstance(scale, torch.Tensor) else scale
