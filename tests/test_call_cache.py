@@ -381,6 +381,27 @@ def test_fresh_tensors_every_call_hit_one_entry(pool2):
         assert after == 2 and x == 2.0
 
 
+def _fresh_plain_a_local(ctx, pattern):
+    """all_gather_gemm on a new plain A_local every call: the kernel stages each at its own address."""
+    wrong, B = [], torch.zeros(16, 8, device=ctx.device)
+    for step in range(3):
+        A = _data(ctx.rank, step, 16, 16).to(ctx.device)  # a new tensor, wherever the allocator puts it
+        B.copy_(_data(ctx.rank + 100, step, 16, 8))
+        C = torch.empty(16 * ctx.world_size, 8, device=ctx.device)
+        ops.all_gather_gemm(ctx, A, B, C, pattern=pattern)
+        if not torch.equal(C.cpu(), _expected(ctx, "all_gather_gemm", step, ((16, 16), (16, 8)))):
+            wrong.append(f"step {step}")
+        del A  # the next call's A may take its memory
+    return wrong, len(ctx.call_cache.entries("all_gather_gemm"))
+
+
+@pytest.mark.parametrize("pattern", sorted(ops.OPS["all_gather_gemm"].replayable))
+def test_all_gather_gemm_on_a_fresh_plain_a_local_every_call_hits_one_entry(pool2, pattern):
+    for wrong, entries in pool2.run(_fresh_plain_a_local, pattern):
+        assert not wrong, wrong
+        assert entries == 1
+
+
 def _flat_memory(ctx):
     """A loop reducing a fresh plain tensor keeps no tensor alive (the cache binds addresses per call)."""
     import gc
