@@ -402,6 +402,46 @@ def test_all_gather_gemm_on_a_fresh_plain_a_local_every_call_hits_one_entry(pool
         assert entries == 1
 
 
+class _Elsewhere:
+    """``t``'s layout, address included, as if it lay on ``device`` (a key sees nothing else)."""
+
+    def __init__(self, t: torch.Tensor, device: str):
+        self.shape, self.dtype, self.nbytes, self.device = t.shape, t.dtype, t.nbytes, torch.device(device)
+        self.data_ptr, self.stride = t.data_ptr, t.stride
+
+
+def test_a_tensor_on_another_device_never_shares_a_key():
+    """Same shape, strides, dtype and address, another device: another key, so such a call is checked
+    (and refused) instead of replaying a GPU launch on its address."""
+    from trident.calls import layout_key
+
+    x = torch.ones(64)
+    keys = {layout_key("all_reduce", (t, t), ("sum",), None) for t in (x, _Elsewhere(x, "cuda:0"),
+                                                                       _Elsewhere(x, "cuda:1"))}
+    assert len(keys) == 3
+
+
+def _host_tensor_after_gpu_calls(ctx):
+    out = []
+    for step in range(2):  # recorded, then replayed
+        x = torch.ones(64, device=ctx.device)
+        ccl.all_reduce(ctx, x)
+    host = torch.ones(64)  # the recorded layout, in host memory
+    try:
+        ccl.all_reduce(ctx, host)
+        out.append("no error")
+    except (ValueError, TypeError) as error:
+        out.append(str(error))
+    return out, float(x[0])
+
+
+@pytest.mark.skipif(platform.SIMULATOR, reason="the simulator's tensors all lie on the host")
+def test_a_host_tensor_of_a_recorded_gpu_layout_is_refused_not_replayed():
+    for (message,), x in get_pool(2).run(_host_tensor_after_gpu_calls):
+        assert "cpu" in message.lower(), message
+        assert x == 2.0
+
+
 def _flat_memory(ctx):
     """A loop reducing a fresh plain tensor keeps no tensor alive (the cache binds addresses per call)."""
     import gc

@@ -24,8 +24,10 @@ MAX_ENTRIES = 256
 def layout_key(name: str, tensors: tuple, options: tuple, heap: tuple[int, int] | None):
     """A call's key: ``name``, ``options`` and every tensor's layout, with no address in it.
 
-    Per tensor: shape, strides, dtype, whether its base is 16-byte aligned (Triton specializes
-    pointers on it; TMA needs it) and whether it starts inside ``heap`` (``(lo, hi)`` addresses,
+    Per tensor: shape, strides, dtype, device (a host tensor of a recorded GPU call's layout must
+    take the full path, whose check refuses it, not a replay that hands its address to a kernel),
+    whether its base is 16-byte aligned (Triton specializes pointers on it; TMA needs it) and
+    whether it starts inside ``heap`` (``(lo, hi)`` addresses,
     or None: nothing counts as on the heap). Across tensors: which earlier tensor each overlaps
     (in-place calls and aliasing decide what a call launches). ``None`` entries of ``tensors``
     (absent optional operands) stay None. Every repeated call computes it, so it is one flat loop.
@@ -56,7 +58,7 @@ def layout_key(name: str, tensors: tuple, options: tuple, heap: tuple[int, int] 
                     overlap = j
                     break
             spans.append((ptr, end))
-            parts.append((t.shape, t.stride(), t.dtype, not ptr & 15, lo <= ptr < hi, overlap))
+            parts.append((t.shape, t.stride(), t.dtype, t.device, not ptr & 15, lo <= ptr < hi, overlap))
     except (AttributeError, TypeError, RuntimeError, NotImplementedError):
         return None  # not a tensor, a tensor without storage (meta): the full path
     return tuple(parts)

@@ -316,9 +316,9 @@ _PREPARED = CallCache()
 
 def _signature(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, config: MatmulConfig | None):
     """What fixes a matmul launch's compiled kernel and grid, all but the addresses: the operands'
-    layouts (shapes, strides, dtypes, 16-byte alignment: Triton specializes pointers on it, TMA
-    needs it), the device and the config."""
-    return layout_key("matmul", (A, B, C), (config, A.device), None)
+    layouts (shapes, strides, dtypes, devices, 16-byte alignment: Triton specializes pointers on it,
+    TMA needs it) and the config."""
+    return layout_key("matmul", (A, B, C), (config,), None)
 
 
 def matmul(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
