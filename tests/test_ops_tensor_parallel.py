@@ -92,7 +92,7 @@ def test_patterns_in_turn_and_with_gemm_all_scatter(pool2, op):
 def _staged_chunks_body(ctx, pattern):
     from trident.ops.fused.sync import STAGE_CHUNK
 
-    m, K = 33, 2 * STAGE_CHUNK // 33 + 7  # a plain A_local of two whole staging chunks and part of a third
+    m, K = 129, 2 * STAGE_CHUNK // 129 + 7  # a plain A_local of two whole staging chunks and part of a third
     assert 2 * STAGE_CHUNK < m * K < 3 * STAGE_CHUNK
     return [(pattern, torch.float16, seed,
              _agg_call(ctx, pattern, torch.float16, m, 8, K, SMALL, seed, symmetric=False)) for seed in range(2)]
