@@ -104,9 +104,10 @@ STAGE_DONE_WORD = STAGE_CLAIM_WORD + 1
 READY_WORD = STAGE_DONE_WORD + 1
 #: Elements of a staged operand one program copies per claim (:func:`enter_call_staging`), in
 #: blocks of STAGE_BLOCK: few claims (two atomics each), each with loads wide enough to keep the
-#: memory busy (4096-element claims made a 4096^2 stage 40 us slower than a copy kernel, H100).
+#: memory busy (4096-element claims made a 4096^2 stage 40 us slower than a copy kernel, H100); a
+#: block is 32-64 elements a thread, registers the GEMM after it reuses.
 STAGE_CHUNK = 65536
-STAGE_BLOCK = 16384
+STAGE_BLOCK = 8192
 #: Tile flags the block has room for at least (so that small calls never grow it).
 MIN_FLAGS = 64
 
