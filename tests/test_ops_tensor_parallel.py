@@ -92,7 +92,7 @@ def test_patterns_in_turn_and_with_gemm_all_scatter(pool2, op):
 def _staged_chunks_body(ctx, pattern):
     from trident.ops.fused.sync import STAGE_CHUNK
 
-    m, K = 129, 2 * STAGE_CHUNK // 129 + 7  # a plain A_local of two whole staging chunks and part of a third
+    m, K = 33, 2 * STAGE_CHUNK // 33 + 7  # a plain A_local of two whole staging chunks and part of a third
     assert 2 * STAGE_CHUNK < m * K < 3 * STAGE_CHUNK
     return [(pattern, torch.float16, seed,
              _agg_call(ctx, pattern, torch.float16, m, 8, K, SMALL, seed, symmetric=False)) for seed in range(2)]
@@ -103,6 +103,32 @@ def test_all_gather_gemm_stages_a_plain_a_local_of_several_chunks_in_its_kernel(
     """The kernel copies a plain A_local onto the heap chunk by chunk and announces the call only once the
     last chunk is in: a peer reading earlier would multiply the NaNs or last call's rows (two calls)."""
     assert_gemm_errors(pool2.run(_staged_chunks_body, pattern), 2, "all_gather_gemm")
+
+
+def _staged_ahead_body(ctx, pattern, limit):
+    import trident.ops.tensor_parallel.all_gather_gemm as agg
+
+    agg.STAGE_IN_KERNEL_MAX_BYTES, default = limit, agg.STAGE_IN_KERNEL_MAX_BYTES
+    ctx.call_cache.clear()  # a call recorded under the other limit would be replayed
+    try:
+        errors = [(pattern, torch.float16, seed, _agg_call(ctx, pattern, torch.float16, 20, 16, 24, SMALL, seed,
+                                                           symmetric=False)) for seed in range(2)]
+    finally:
+        agg.STAGE_IN_KERNEL_MAX_BYTES = default
+    (entry,) = ctx.call_cache.entries("all_gather_gemm")
+    copies = sum(type(step).__name__ == "_Copy" for step in entry.steps)
+    ctx.call_cache.clear()
+    return errors, copies
+
+
+@pytest.mark.parametrize("pattern", ["fused_sequential", "workgroup_specialized"])
+def test_all_gather_gemm_stages_a_large_plain_a_local_with_a_copy_ahead_of_its_kernel(pool2, pattern):
+    """Past STAGE_IN_KERNEL_MAX_BYTES a plain A_local is copied onto the heap ahead of the kernel (one
+    recorded copy); within it the kernel stages it (no copy)."""
+    for limit, want in ((0, 1), (1 << 20, 0)):
+        results = pool2.run(_staged_ahead_body, pattern, limit)
+        assert_gemm_errors([errors for errors, _ in results], 2, "all_gather_gemm", limit)
+        assert [copies for _, copies in results] == [want] * 2, limit
 
 
 def _mixed_body(ctx):

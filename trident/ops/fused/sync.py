@@ -102,12 +102,8 @@ WORK_COUNTERS = 2
 STAGE_CLAIM_WORD = WORK_WORD + WORK_COUNTERS
 STAGE_DONE_WORD = STAGE_CLAIM_WORD + 1
 READY_WORD = STAGE_DONE_WORD + 1
-#: Elements of a staged operand one program copies per claim (:func:`enter_call_staging`), in
-#: blocks of STAGE_BLOCK: few claims (two atomics each), each with loads wide enough to keep the
-#: memory busy (4096-element claims made a 4096^2 stage 40 us slower than a copy kernel, H100); a
-#: block is 32-64 elements a thread, registers the GEMM after it reuses.
-STAGE_CHUNK = 65536
-STAGE_BLOCK = 8192
+#: Elements of a staged operand one program copies per claim (:func:`enter_call_staging`).
+STAGE_CHUNK = 4096
 #: Tile flags the block has room for at least (so that small calls never grow it).
 MIN_FLAGS = 64
 
@@ -119,7 +115,6 @@ _WORK_COUNTERS = tl.constexpr(WORK_COUNTERS)
 _STAGE_CLAIM = tl.constexpr(STAGE_CLAIM_WORD)
 _STAGE_DONE = tl.constexpr(STAGE_DONE_WORD)
 _STAGE_CHUNK = tl.constexpr(STAGE_CHUNK)
-_STAGE_BLOCK = tl.constexpr(STAGE_BLOCK)
 _READY = tl.constexpr(READY_WORD)
 
 
@@ -246,12 +241,11 @@ def enter_call_staging(sync_ptr, operand, source, numel, team, WORLD_BLOCK: tl.c
     if chunks == 0:
         if arrival == 0:
             _announce(call, team)
-    lanes = tl.arange(0, _STAGE_BLOCK)
+    lanes = tl.arange(0, _STAGE_CHUNK)
     chunk = tl.atomic_add(sync_ptr + _STAGE_CLAIM, 1, sem="relaxed", scope="gpu")
     while chunk < chunks:
-        for block in tl.static_range(_STAGE_CHUNK // _STAGE_BLOCK):
-            offs = chunk.to(tl.int64) * _STAGE_CHUNK + block * _STAGE_BLOCK + lanes
-            tl.store(operand + offs, tl.load(source + offs, mask=offs < numel), mask=offs < numel)
+        offs = chunk.to(tl.int64) * _STAGE_CHUNK + lanes
+        tl.store(operand + offs, tl.load(source + offs, mask=offs < numel), mask=offs < numel)
         tl.debug_barrier()  # every thread's stores before the count's release
         # acq_rel: the program that copies the last chunk acquires every other chunk's stores, and its
         # READY release (cumulative) hands them to the peers.
