@@ -8,8 +8,9 @@ and never reset between calls (:func:`sync_block`). Its layout (word indices)::
     TICKET_WORD                       programs of the running launch that reached finish_call
     ARRIVAL_WORD                      programs of the running launch that have started (enter_call)
     WORK_WORD + i, i < WORK_COUNTERS  work counters of the running launch: items claimed so far
-                                      (:func:`claim_work`), 0 between launches
-    STAGE_CLAIM_WORD                  chunks of a staged operand claimed so far (:func:`enter_call_staging`)
+                                      (:func:`claim_work`), 0 between launches; the last one,
+                                      STAGE_COUNTER, counts the chunks of a staged operand claimed
+                                      (:func:`enter_call_staging`)
     STAGE_DONE_WORD                   chunks of a staged operand copied so far
     READY_WORD + p                    READY[p]: the last call rank p has entered
     READY_WORD + world_size + p       ARRIVED[p]: the last call rank p is done with this rank in
@@ -97,10 +98,11 @@ EPOCH_WORD = 0
 TICKET_WORD = 1
 ARRIVAL_WORD = 2
 WORK_WORD = 3
-#: Work counters a launch may claim items from (:func:`claim_work`).
-WORK_COUNTERS = 2
-STAGE_CLAIM_WORD = WORK_WORD + WORK_COUNTERS
-STAGE_DONE_WORD = STAGE_CLAIM_WORD + 1
+#: Work counters a launch may claim items from (:func:`claim_work`): 0 and 1 for a kernel's own work,
+#: STAGE_COUNTER for :func:`enter_call_staging`'s chunks.
+WORK_COUNTERS = 3
+STAGE_COUNTER = WORK_COUNTERS - 1
+STAGE_DONE_WORD = WORK_WORD + WORK_COUNTERS
 READY_WORD = STAGE_DONE_WORD + 1
 #: Elements of a staged operand one program copies per claim (:func:`enter_call_staging`).
 STAGE_CHUNK = 4096
@@ -112,7 +114,7 @@ _TICKET = tl.constexpr(TICKET_WORD)
 _ARRIVAL = tl.constexpr(ARRIVAL_WORD)
 _WORK = tl.constexpr(WORK_WORD)
 _WORK_COUNTERS = tl.constexpr(WORK_COUNTERS)
-_STAGE_CLAIM = tl.constexpr(STAGE_CLAIM_WORD)
+_STAGE_COUNTER = tl.constexpr(STAGE_COUNTER)
 _STAGE_DONE = tl.constexpr(STAGE_DONE_WORD)
 _STAGE_CHUNK = tl.constexpr(STAGE_CHUNK)
 _READY = tl.constexpr(READY_WORD)
@@ -214,9 +216,7 @@ def enter_call(sync_ptr, operand, team, WORLD_BLOCK: tl.constexpr):
         if arrival < producers:   # the producers start first: whoever waits on them started later
             ...
     """
-    offset = operand.to(tl.int64) - tl.load(team.heap_bases + team.rank)  # bytes, whatever its dtype
-    call = CallSync(sync_ptr, call_epoch(sync_ptr), offset, WORLD_BLOCK)
-    arrival = arrival_ticket(sync_ptr + _ARRIVAL)  # int32: it takes a program id's place (TMA coordinates)
+    call, arrival = _open_call(sync_ptr, operand, team, WORLD_BLOCK)
     if arrival == 0:
         _announce(call, team)
     return call, arrival
@@ -234,15 +234,13 @@ def enter_call_staging(sync_ptr, operand, source, numel, team, WORLD_BLOCK: tl.c
 
         call, arrival = enter_call_staging(sync_ptr, stage, a_plain, m * K, team, WORLD_BLOCK)
     """
-    offset = operand.to(tl.int64) - tl.load(team.heap_bases + team.rank)
-    call = CallSync(sync_ptr, call_epoch(sync_ptr), offset, WORLD_BLOCK)
-    arrival = arrival_ticket(sync_ptr + _ARRIVAL)
+    call, arrival = _open_call(sync_ptr, operand, team, WORLD_BLOCK)
     chunks = tl.cdiv(numel, _STAGE_CHUNK)
     if chunks == 0:
         if arrival == 0:
             _announce(call, team)
     lanes = tl.arange(0, _STAGE_CHUNK)
-    chunk = tl.atomic_add(sync_ptr + _STAGE_CLAIM, 1, sem="relaxed", scope="gpu")
+    chunk = claim_work(call, _STAGE_COUNTER)
     while chunk < chunks:
         offs = chunk.to(tl.int64) * _STAGE_CHUNK + lanes
         tl.store(operand + offs, tl.load(source + offs, mask=offs < numel), mask=offs < numel)
@@ -251,7 +249,17 @@ def enter_call_staging(sync_ptr, operand, source, numel, team, WORLD_BLOCK: tl.c
         # READY release (cumulative) hands them to the peers.
         if tl.atomic_add(sync_ptr + _STAGE_DONE, 1, sem="acq_rel", scope="gpu") == chunks - 1:
             _announce(call, team)
-        chunk = tl.atomic_add(sync_ptr + _STAGE_CLAIM, 1, sem="relaxed", scope="gpu")
+        chunk = claim_work(call, _STAGE_COUNTER)
+    return call, arrival
+
+
+@triton.jit
+def _open_call(sync_ptr, operand, team, WORLD_BLOCK: tl.constexpr):
+    """``(call, arrival)``: the call's :class:`~trident.device.bundles.CallSync` (its epoch, ``operand``'s
+    heap offset) and this program's arrival ticket, before any announcement."""
+    offset = operand.to(tl.int64) - tl.load(team.heap_bases + team.rank)  # bytes, whatever its dtype
+    call = CallSync(sync_ptr, call_epoch(sync_ptr), offset, WORLD_BLOCK)
+    arrival = arrival_ticket(sync_ptr + _ARRIVAL)  # int32: it takes a program id's place (TMA coordinates)
     return call, arrival
 
 
@@ -305,7 +313,8 @@ def wait_peers_ready(call, team):
 
 @triton.jit
 def claim_work(call, counter):
-    """The next item of work counter ``counter`` (0 .. :data:`WORK_COUNTERS` - 1) of this launch: 0, 1,
+    """The next item of work counter ``counter`` (0 or 1 for a kernel's own work; :data:`STAGE_COUNTER` is
+    :func:`enter_call_staging`'s) of this launch: 0, 1,
     2, ... in the order programs claim them, each item once. A program that claims until the items run
     out shares the work with whichever programs run (a dynamic schedule); the counters are 0 at every
     launch's start (:func:`finish_call` resets them).
@@ -338,7 +347,6 @@ def finish_call(call, team):
         tl.store(call.sync_ptr + _TICKET, 0)  # the next launch (stream-ordered after this one) counts afresh
         for i in tl.static_range(_WORK_COUNTERS):  # no program of this launch claims any more
             tl.store(call.sync_ptr + _WORK + i, 0)
-        tl.store(call.sync_ptr + _STAGE_CLAIM, 0)
         tl.store(call.sync_ptr + _STAGE_DONE, 0)
         tl.store(call.sync_ptr + _EPOCH, call.epoch)
         peers = tl.arange(0, call.WORLD_BLOCK)
