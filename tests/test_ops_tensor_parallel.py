@@ -100,8 +100,9 @@ def _staged_chunks_body(ctx, pattern):
 
 @pytest.mark.parametrize("pattern", ["fused_sequential", "workgroup_specialized"])
 def test_all_gather_gemm_stages_a_plain_a_local_of_several_chunks_in_its_kernel(pool2, pattern):
-    """The kernel copies a plain A_local onto the heap chunk by chunk and announces the call only once the
-    last chunk is in: a peer reading earlier would multiply the NaNs or last call's rows (two calls)."""
+    """The kernel copies a plain A_local onto the heap in three claimed chunks, the last one partial: a
+    chunk left uncopied leaves the last call's rows in the stage (two calls, new data each). An
+    announcement before the last chunk is not caught here: the simulator's waits poll too slowly."""
     assert_gemm_errors(pool2.run(_staged_chunks_body, pattern), 2, "all_gather_gemm")
 
 
