@@ -223,6 +223,33 @@ def test_repeated_calls():
     assert_no_problems(get_pool(2), _repeated_body)
 
 
+def _chunked_count_body(ctx):
+    """The routing counted in several chunks (the count's tally, read and reset by the planner): twice
+    the same call (a tally not reset would double the second call's counts), then other expert counts
+    (the tally is indexed by expert), then the first again, in any program order."""
+    from tests.test_progress import _programs_run_in
+    from trident.ops.moe import dispatch
+
+    problems, chunk = [], dispatch.PLAN_CHUNK
+    dispatch.PLAN_CHUNK = 16  # 13 tokens x 3 choices: 3 chunks of routing entries on rank 0
+    ctx.call_cache.clear()
+    try:
+        first = Case((13, 7), 3, 2, 32, torch.bfloat16, "random", given=True, salt=30)
+        other = Case((11, 9), 2, 5, 32, torch.bfloat16, "random", given=True, salt=31)
+        for i, (case, order) in enumerate(((first, "by_id"), (first, "by_id"), (other, "reversed"),
+                                           (first, "shuffled"))):
+            with _programs_run_in(order, ctx.rank + 1):
+                problems += _run(ctx, case, f"rank {ctx.rank} call {i} ({order}, E={case.per_rank * ctx.world_size})")
+    finally:
+        dispatch.PLAN_CHUNK = chunk
+        ctx.call_cache.clear()
+    return problems
+
+
+def test_routing_counted_in_several_chunks():
+    assert_no_problems(get_pool(2), _chunked_count_body)
+
+
 def _group_body(ctx):
     """Over a group of ranks 0 and 2 of three (the agreement on T is then a one-element all-reduce), in both
     layouts (masked: the per-expert counts agreed by an all-reduce too, or max_tokens_per_rank given)."""
@@ -552,7 +579,8 @@ for ones in (False, True):
     for fp8, masked, quantize in ((False, False, False), (True, False, False), (False, True, False),
                                   (False, True, True)):
         scale = "*fp32" if fp8 else "constexpr"
-        meta = {"BLOCKS": (256, 4, 1024, 1024, 64), "OPTIONS": (True, masked, quantize),  # PAIRS 4: the H200's
+        # 4 tokens of 8 choices a step, 1024-word chunks: DeepSeek-V3's bf16 rows
+        meta = {"BLOCKS": (256, 4, 8, 1024, 1024, 64), "OPTIONS": (True, masked, quantize),
                 "WORLD_BLOCK": 8}
         if not fp8:
             meta.update(scales_ptr=None, recv_scales_ptr=None)

@@ -330,6 +330,21 @@ def claim_work(call, counter):
 
 
 @triton.jit
+def count_done(call, counter):
+    """Count one item of work counter ``counter`` done; returns how many were counted before it. The
+    count is acq_rel (after a CTA barrier: every thread's writes first), so the program that gets
+    ``items - 1`` sees every other program's writes made before its count: it may act on the whole.
+
+    Example::
+
+        if count_done(call, 1) == chunks - 1:   # the last chunk: every other chunk's results are visible
+            ...
+    """
+    tl.debug_barrier()
+    return tl.atomic_add(call.sync_ptr + _WORK + counter, 1, sem="acq_rel", scope="gpu")
+
+
+@triton.jit
 def finish_call(call, team):
     """Called by every program at its end, after its :func:`enter_call`; the last one to get here
     completes the call and resets the finish counter for the next launch (see module doc). Returns

@@ -38,7 +38,7 @@ from ...runtime.groups import Group, team
 from ..fused import multinode
 from ..fused.call import check_tensor
 from ..fused.sync import sync_block
-from .kernels import STATUS_NEEDED, STATUS_WORDS, STATUS_WORST, moe_dispatch_kernel
+from .kernels import MAX_EXPERTS, STATUS_NEEDED, STATUS_WORDS, STATUS_WORST, moe_dispatch_kernel
 from .result import DispatchCount, MoEDispatch, MoEHandle, buffer_names
 from .sizing import MASKED_ROWS_ROUNDING, SCALE_BLOCK, prefill_capacity, receive_rows
 
@@ -46,23 +46,21 @@ from .sizing import MASKED_ROWS_ROUNDING, SCALE_BLOCK, prefill_capacity, receive
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
 #: The dtype of fp8 tokens, passed through with ``x_scales`` or made by ``quantize="fp8"``.
 FP8 = torch.float8_e4m3fn
-#: Most experts: the planner holds one count per expert in registers.
-MAX_EXPERTS = 1024
 #: Words (of the row's word type) one step of the dispatch, or of the combine's push, moves: a block of
 #: rows of ``BLOCK_R`` (``BLOCK_H``) words.
 TILE_WORDS = 4096
 #: Most words (or columns, when quantizing) of a row one step moves at once.
 MAX_BLOCK_R = 1024
-#: Most (token, j) rows one step of the dispatch moves.
-ROWS_PER_STEP = 16
+#: Most tokens one step of the dispatch moves (each to all its k experts: the row is read once).
+TOKENS_PER_STEP = 16
 #: Programs a dispatch launches per SM (at most one per step): a program's steps run one after
 #: another, each a chain of dependent memory operations (ids, slot claims, rows), so several programs
 #: per SM keep the rows of several steps in flight at once. 8, with 4 warps each and the planner's
 #: 4096-entry bites, from the launch-shape sweep on an H100 (2026-12-06, docs/moe.md): 1.7x faster
 #: than one program of 8 warps per SM at DeepSeek-V3's 4096-token bf16 dispatch (270 against 452 us).
 PROGRAMS_PER_SM = 8
-#: Most routing entries the planner counts at once (it counts every entry of the rank while the other
-#: programs wait for its layout, so it takes large bites).
+#: Routing entries a program counts at once: programs claim chunks of the rank's routing and count
+#: them in parallel, and the one that counts the last chunk plans (a decode-sized call is one chunk).
 PLAN_CHUNK = 4096
 #: Warps of a dispatch program (0: 4 for rows of up to 512 words or columns, else 8).
 WARPS = 4
@@ -144,6 +142,16 @@ def _agree(ctx, where: str, tokens: int, facts: tuple, sends: torch.Tensor) -> t
                               f"buffer_set, quantize): {listing}")
     received = [sum(s[r] for _, _, s in everyone) for r in range(len(sends))]
     return max(t for t, _, _ in everyone), max(received), received.index(max(received))
+
+
+def _tokens_per_step(max_tokens: int, block_r: int, program_limit: int) -> int:
+    """Tokens one dispatch step moves: a tile of about :data:`TILE_WORDS` words (at most
+    :data:`TOKENS_PER_STEP` rows), halved while that leaves fewer steps than the GPU has program
+    slots (a decode-sized call spreads its few tokens over more SMs)."""
+    per_step = min(TOKENS_PER_STEP, max(1, TILE_WORDS // block_r))
+    while per_step > 1 and triton.cdiv(max_tokens, per_step) < program_limit:
+        per_step //= 2
+    return per_step
 
 
 def _word_dtype(row_bytes: int) -> torch.dtype:
@@ -262,7 +270,7 @@ def _run_dispatch(team, rec, tensors, options) -> None:
     if masked:  # the cursors senders claim slots at; zero between calls (the kernel resets them)
         counts = ws.buffer("moe.cursors", experts_local, torch.int32, zeroed=True)
     else:
-        counts = ws.buffer("moe.counts", world * num_experts, torch.int32)
+        counts = ws.buffer("moe.counts", MAX_EXPERTS + world * num_experts, torch.int32, zeroed=True)  # tally, matrix
     local = ws.buffer(f"{prefix}.local", 2 * num_experts + 2 * experts_local + max_tokens * k, torch.int32)
     sent = local[2 * num_experts + 2 * experts_local:]  # where each (token, j) went: the combine's map
     status = ws.buffer(f"{prefix}.status", STATUS_WORDS, torch.int64)
@@ -278,15 +286,16 @@ def _run_dispatch(team, rec, tensors, options) -> None:
             rec.every_replay(lambda: local[2 * num_experts:2 * num_experts + experts_local].copy_(starts))
     else:
         block_r = min(triton.next_power_of_2(hidden if quantize else row_words), MAX_BLOCK_R)  # columns, or words
-        pairs = min(ROWS_PER_STEP, max(1, TILE_WORDS // block_r))  # rows a step moves: a tile of ~TILE_WORDS
-        programs = max(1, min(PROGRAMS_PER_SM * ctx.platform.program_limit, triton.cdiv(max_tokens * k, pairs)))
+        per_step = _tokens_per_step(max_tokens, block_r, ctx.platform.program_limit)
+        programs = max(1, min(PROGRAMS_PER_SM * ctx.platform.program_limit, triton.cdiv(max_tokens, per_step)))
         rec.launch(moe_dispatch_kernel, (programs,), (
             x if quantize else x.view(word), x_scales, topk_idx,  # quantized: x's values; else raw words
             recv_words.view(FP8) if quantize else recv_words, recv_scales if scale_cols else None, recv_src, recv_j,
             counts, local, status,  # local holds offsets and recv_counts too
             (tokens, hidden if quantize else row_words, scale_cols, k, experts_local, max_tokens, rows),
             sync, ctx.rank, world, ctx.heap_bases),
-            dict(BLOCKS=(triton.next_power_of_2(num_experts), pairs,  # E_BLOCK, PAIRS
+            dict(BLOCKS=(triton.next_power_of_2(num_experts), per_step, triton.next_power_of_2(k),  # E_BLOCK,
+                         # TOKENS, K_BLOCK
                          min(PLAN_CHUNK, triton.next_power_of_2(max(max_tokens * k, 16))), block_r,  # CHUNK, BLOCK_R
                          triton.next_power_of_2(max(scale_cols, 1))),  # BLOCK_S
                  OPTIONS=(max_tokens_per_rank is not None, masked, quantize is not None),

@@ -17,11 +17,11 @@ Contiguous layout (``moe_dispatch_kernel``), roles by arrival ticket:
   *cursor* per expert: where this rank's rows for that expert start at its owner. Then it raises
   the local *layout* flag.
 * every program (the planner too, afterwards) waits for the layout flag (set by ticket 0, which
-  started first), then sends its (token, j) choices, ``PAIRS`` at a time: per choice an atomic add
+  started first), then sends its tokens, ``TOKENS`` at a time: per (token, j) choice an atomic add
   on the expert's cursor gives the row's slot at the owner, and the step's rows (with their
-  scales, origins and j) are stored straight into the owners' receive buffers as one block of
-  ``PAIRS`` rows, each row to its own owner. No flag per row: the call's exit handshake makes
-  every peer's rows land before the kernel ends.
+  scales, origins and j) are read once and stored straight into the owners' receive buffers, one
+  copy per choice, each to its own owner. No flag per row: the call's exit handshake makes every
+  peer's rows land before the kernel ends.
 
 Masked layout: no planner; every program claims its rows' slots at the owners' cursors (a region
 per local expert) and sends them; the call's last program turns its cursors into counts.
@@ -36,7 +36,7 @@ from ...device import atomic_add, signal, store, wait
 from ...device.bundles import Team
 from ...device.memory import control_block, record_fault
 from ...device.words import ERR_CAPACITY
-from ..fused.sync import enter_call, finish_call, flag_words, wait_peers_ready
+from ..fused.sync import claim_work, count_done, enter_call, finish_call, flag_words, wait_peers_ready
 
 #: Status words (int64, local) a dispatch writes: the rows this rank receives (before clamping to
 #: the capacity), the most rows any rank receives, and that rank.
@@ -44,17 +44,56 @@ STATUS_RECEIVED, STATUS_NEEDED, STATUS_WORST = 0, 1, 2
 STATUS_WORDS = 4
 _RECEIVED, _NEEDED, _WORST = tl.constexpr(STATUS_RECEIVED), tl.constexpr(STATUS_NEEDED), tl.constexpr(STATUS_WORST)
 
+#: Most experts a dispatch routes to: the planner holds one count per expert in registers, and the
+#: count buffer starts with a tally of this many words (zero between calls) before the count matrix.
+MAX_EXPERTS = 1024
+_TALLY = tl.constexpr(MAX_EXPERTS)
 _FILL = tl.constexpr(1024)
 
 
 @triton.jit
-def _plan(topk_ptr, counts_ptr, local_ptr, status_ptr, sizes, call, team,
-          E_BLOCK: tl.constexpr, CHUNK: tl.constexpr, REPORT: tl.constexpr):
-    """The planner's part (ticket 0): count, exchange the counts, lay out every receive buffer.
+def _count_routing(topk_ptr, tally_ptr, sizes, call, team, E_BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    """``(plans, hist)``: programs claim the rank's routing entries ``CHUNK`` at a time and count them per
+    expert; the program that counts the last chunk gets ``plans`` true and the whole histogram.
+
+    With several chunks each one's counts are added into the tally (``E`` int32 words, zero between
+    calls: the planner reads and resets them) and counted done (acq_rel), so the last one sees them
+    all. A claimed chunk belongs to a running program and counting waits on nothing, so the count
+    ends however few programs run. A single chunk is planned by whoever claims it, with no tally."""
+    tokens, k, experts = sizes[0], sizes[3], sizes[4] * team.world_size
+    entries = tokens * k
+    chunks = tl.maximum(tl.cdiv(entries, CHUNK), 1)
+    e = tl.arange(0, E_BLOCK)
+    plans = 0
+    hist = tl.zeros([E_BLOCK], dtype=tl.int32)
+    chunk = claim_work(call, 0)
+    while chunk < chunks:
+        offs = chunk.to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
+        ids = tl.load(topk_ptr + offs, mask=offs < entries, other=-1)
+        valid = (ids >= 0) & (ids < experts)
+        counted = tl.histogram(tl.where(valid, ids, 0).to(tl.int32), E_BLOCK, mask=valid)
+        if chunks == 1:
+            plans = 1
+            hist = counted
+        else:
+            tl.atomic_add(tally_ptr + e, counted, mask=counted > 0, sem="relaxed", scope="gpu")
+            if count_done(call, 1) == chunks - 1:  # every other chunk's counts are in the tally
+                plans = 1
+                # The whole count, and the tally back to zero for the next call.
+                hist = tl.atomic_xchg(tally_ptr + e, 0, mask=e < experts, sem="relaxed", scope="gpu")
+        chunk = claim_work(call, 0)
+    return plans, hist
+
+
+@triton.jit
+def _plan(hist, counts_ptr, local_ptr, status_ptr, sizes, call, team, E_BLOCK: tl.constexpr, REPORT: tl.constexpr):
+    """The planner's part (the program that counted the last routing chunk): exchange the counts
+    (``hist``, this rank's rows per expert), lay out every receive buffer.
 
     ``sizes`` is the kernel's; ``local_ptr`` holds the cursors, the scratch, then this rank's
     ``recv_offsets`` and ``recv_counts``."""
-    tokens, _, _, k, experts_local, _, capacity = sizes
+    capacity = sizes[6]
+    experts_local = sizes[4]
     rank, world_size, heap_bases, epoch = team.rank, team.world_size, team.heap_bases, call.epoch
     flags = flag_words(call, team)
     experts = experts_local * world_size
@@ -62,13 +101,6 @@ def _plan(topk_ptr, counts_ptr, local_ptr, status_ptr, sizes, call, team,
     recv_counts_ptr = offsets_ptr + experts_local
     e = tl.arange(0, E_BLOCK)
     in_e = e < experts
-    entries = tokens * k
-    hist = tl.zeros([E_BLOCK], dtype=tl.int32)
-    for start in range(0, entries, CHUNK):
-        offs = start + tl.arange(0, CHUNK)
-        ids = tl.load(topk_ptr + offs, mask=offs < entries, other=-1)
-        valid = (ids >= 0) & (ids < experts)
-        hist += tl.histogram(tl.where(valid, ids, 0).to(tl.int32), E_BLOCK, mask=valid)
     # My row of every rank's count matrix, then its flag (release: the row is visible first).
     mine = counts_ptr + rank * experts + e
     for i in range(world_size):
@@ -111,8 +143,9 @@ def _plan(topk_ptr, counts_ptr, local_ptr, status_ptr, sizes, call, team,
 
 @triton.jit
 def _claim_slots(ids, valid, cursor_ptr, sizes, team, MASKED: tl.constexpr):
-    """``(slots, keep)`` of a step's choices (expert ``ids``, ``valid`` lanes): each lane's row slot at
-    its expert's owner, and whether it fits (a row past the capacity is not delivered, and reported).
+    """``(slots, keep)`` of a step's choices (a ``[tokens, k]`` block of expert ``ids``, ``valid`` lanes):
+    each lane's row slot at its expert's owner, and whether it fits (a row past the capacity is not
+    delivered, and reported).
 
     Contiguous layout: an atomic add on this rank's own cursor for the expert (the planner set it to
     where this rank's rows for it start). Masked layout: an atomic add on the expert's cursor at its
@@ -128,9 +161,9 @@ def _claim_slots(ids, valid, cursor_ptr, sizes, team, MASKED: tl.constexpr):
         claimed = atomic_add(cursor_ptr + expert, 1, rank, owners, heap_bases, mask=valid, sem="relaxed")
         keep = valid & (claimed < region)
         over = tl.where(valid & ~keep & (owners != rank), claimed + 1, 0)
-        most = tl.max(over, axis=0)
+        most = tl.max(tl.max(over, axis=1), axis=0)
         if most > 0:
-            owner = tl.max(tl.where(over == most, owners, -1), axis=0)
+            owner = tl.max(tl.max(tl.where(over == most, owners, -1), axis=1), axis=0)
             record_fault(control_block(rank, heap_bases), ERR_CAPACITY, rank, owner, 1, region, most)
         slots = expert * region + claimed
     else:
@@ -140,90 +173,112 @@ def _claim_slots(ids, valid, cursor_ptr, sizes, team, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team,
-               PAIRS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, OPTIONS: tl.constexpr):
-    """Store this program's (token, j) choices into their experts' owners' buffers, ``PAIRS`` choices
-    a step (steps ``me, me + programs, ...`` over the ``tokens * k`` choices): every lane of a step
-    takes its row's slot at the owner (an atomic add on the expert's cursor), then the step moves its
-    rows as one ``PAIRS x BLOCK_R`` block a column chunk at a time, each lane-row to its own owner.
-    ``recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr)`` (``sent``: local,
-    where each choice went); ``sizes`` and ``OPTIONS`` are the kernel's; the slots as :func:`_claim_slots`
-    gives them, the rows as :func:`_copy_rows` or :func:`_quantize_rows` moves them."""
+def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team, BLOCKS: tl.constexpr,
+               OPTIONS: tl.constexpr):
+    """Store this program's tokens' rows into their experts' owners' buffers, ``TOKENS`` tokens a step
+    (steps ``me, me + programs, ...``): the step claims the slots of all its ``(token, j)`` choices at
+    once (an atomic add per choice on the expert's cursor), then moves its rows a column chunk at a
+    time, each chunk read from ``x`` once and stored once per choice, each copy to its own owner (a
+    token's k copies cost one read of it, not k). ``recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr,
+    recv_j_ptr, sent_ptr)`` (``sent``: local, where each choice went); ``sizes``, ``BLOCKS`` and
+    ``OPTIONS`` are the kernel's; the slots as :func:`_claim_slots` gives them, the rows as
+    :func:`_copy_rows` or :func:`_quantize_rows` moves them."""
+    TOKENS: tl.constexpr = BLOCKS[1]
+    K_BLOCK: tl.constexpr = BLOCKS[2]
     MASKED: tl.constexpr = OPTIONS[1]
     QUANTIZE: tl.constexpr = OPTIONS[2]
     tokens, _, _, k, experts_local, max_tokens, capacity = sizes
     recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr = recv
     rank, heap_bases = team.rank, team.heap_bases
     experts = experts_local * team.world_size
-    lanes = tl.arange(0, PAIRS)
-    choices = tokens * k
-    for start in range(me * PAIRS, choices, tl.num_programs(0) * PAIRS):
-        choice = start + lanes.to(tl.int64)   # = token * k + j
-        listed = choice < choices
+    j = tl.arange(0, K_BLOCK)
+    for start in range(me * TOKENS, tokens, tl.num_programs(0) * TOKENS):
+        token = start + tl.arange(0, TOKENS).to(tl.int64)
+        has = token < tokens
+        choice = token[:, None] * k + j[None, :]  # [TOKENS, K_BLOCK]
+        listed = has[:, None] & (j < k)[None, :]
         ids = tl.load(topk_ptr + choice, mask=listed, other=-1)
         valid = listed & (ids >= 0) & (ids < experts)
         slots, keep = _claim_slots(ids, valid, cursor_ptr, sizes, team, MASKED)
         dests = tl.where(keep, ids // experts_local, rank).to(tl.int32)
         slots = tl.where(keep, slots, 0).to(tl.int64)
-        token = choice // k
-        # The rows first: their first loads (masked by `valid`, not by the claims) go out while the claims
+        # The rows first: their first loads (masked by `has`, not by the claims) go out while the claims
         # are in flight; the bookkeeping stores after them would hold those loads back.
         to = (recv_x_ptr, recv_scales_ptr, slots, dests, keep)
         if QUANTIZE:
-            _quantize_rows(x_ptr, token, valid, to, sizes, team, PAIRS, BLOCK_R)
+            _quantize_rows(x_ptr, token, has, to, sizes, team, BLOCKS)
         else:
-            _copy_rows(x_ptr, scales_ptr, token, valid, to, sizes, team, BLOCK_R, BLOCK_S)
+            _copy_rows(x_ptr, scales_ptr, token, has, to, sizes, team, BLOCKS)
         # Where each choice went (for the combine's local reads): owner * capacity + slot, or -1.
         tl.store(sent_ptr + choice, tl.where(keep, dests * capacity + slots, -1).to(tl.int32), mask=listed)
-        store(recv_src_ptr + slots, rank * max_tokens + token, rank, dests, heap_bases, mask=keep)
-        store(recv_j_ptr + slots, (choice % k).to(tl.int32), rank, dests, heap_bases, mask=keep)
+        store(recv_src_ptr + slots, rank * max_tokens + token[:, None] + slots * 0, rank, dests, heap_bases, mask=keep)
+        store(recv_j_ptr + slots, j[None, :] + (slots * 0).to(tl.int32), rank, dests, heap_bases, mask=keep)
 
 
 @triton.jit
-def _copy_rows(x_ptr, scales_ptr, token, valid, to, sizes, team, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Rows ``token`` of ``x`` (``row_words`` words each; the ``valid`` lanes read) and their fp8 scales,
-    as raw bits, into the owners' buffers: ``to = (recv_x_ptr, recv_scales_ptr, slots, dests, keep)``,
-    a lane per row (the ``keep`` lanes stored)."""
+def _choice(block, jj, K_BLOCK: tl.constexpr):
+    """Column ``jj`` of a step's ``[TOKENS, K_BLOCK]`` block (one value per token)."""
+    return tl.sum(tl.where(tl.arange(0, K_BLOCK)[None, :] == jj, block, 0), axis=1)
+
+
+@triton.jit
+def _store_copies(ptr, width, cols, value, to, team, K_BLOCK: tl.constexpr):
+    """Store ``value`` (``[TOKENS, C]``: columns ``cols`` of each token's row) once per choice:
+    ``ptr[slot, cols]`` (rows of ``width`` elements) at each choice's owner, for its ``keep`` lanes.
+    ``to`` as :func:`_copy_rows` takes it (its ``recv_*`` pointers unused here)."""
+    _, _, slots, dests, keep = to
+    in_row = (cols < width)[None, :]
+    for jj in tl.static_range(K_BLOCK):
+        slot = _choice(slots, jj, K_BLOCK)
+        dest = _choice(dests, jj, K_BLOCK)
+        kept = _choice(keep.to(tl.int32), jj, K_BLOCK) != 0
+        store(ptr + slot[:, None] * width + cols[None, :], value, team.rank, dest[:, None], team.heap_bases,
+              mask=kept[:, None] & in_row)
+
+
+@triton.jit
+def _copy_rows(x_ptr, scales_ptr, token, has, to, sizes, team, BLOCKS: tl.constexpr):
+    """Rows ``token`` of ``x`` (``row_words`` words each; the ``has`` lanes read) and their fp8 scales, as
+    raw bits, into the owners' buffers, one copy per choice: ``to = (recv_x_ptr, recv_scales_ptr,
+    slots, dests, keep)``, ``[TOKENS, K_BLOCK]`` blocks (the ``keep`` lanes stored)."""
+    K_BLOCK: tl.constexpr = BLOCKS[2]
+    BLOCK_R: tl.constexpr = BLOCKS[4]
+    BLOCK_S: tl.constexpr = BLOCKS[5]
     row_words, scale_words = sizes[1], sizes[2]
-    recv_x_ptr, recv_scales_ptr, slots, dests, keep = to
-    cols = tl.arange(0, BLOCK_R)
+    recv_x_ptr, recv_scales_ptr = to[0], to[1]
     for c in range(0, row_words, BLOCK_R):
-        offs = c + cols
+        offs = c + tl.arange(0, BLOCK_R)
         in_row = (offs < row_words)[None, :]
-        rows = tl.load(x_ptr + token[:, None] * row_words + offs[None, :], mask=valid[:, None] & in_row)
-        store(recv_x_ptr + slots[:, None] * row_words + offs[None, :], rows, team.rank, dests[:, None],
-              team.heap_bases, mask=keep[:, None] & in_row)
+        rows = tl.load(x_ptr + token[:, None] * row_words + offs[None, :], mask=has[:, None] & in_row)
+        _store_copies(recv_x_ptr, row_words, offs, rows, to, team, K_BLOCK)
     if scales_ptr is not None:
         scols = tl.arange(0, BLOCK_S)
-        mask = keep[:, None] & (scols < scale_words)[None, :]
-        scales = tl.load(scales_ptr + token[:, None] * scale_words + scols[None, :], mask=mask)
-        store(recv_scales_ptr + slots[:, None] * scale_words + scols[None, :], scales, team.rank, dests[:, None],
-              team.heap_bases, mask=mask)
+        scales = tl.load(scales_ptr + token[:, None] * scale_words + scols[None, :],
+                         mask=has[:, None] & (scols < scale_words)[None, :])
+        _store_copies(recv_scales_ptr, scale_words, scols, scales, to, team, K_BLOCK)
 
 
 @triton.jit
-def _quantize_rows(x_ptr, token, valid, to, sizes, team, PAIRS: tl.constexpr, BLOCK_R: tl.constexpr):
+def _quantize_rows(x_ptr, token, has, to, sizes, team, BLOCKS: tl.constexpr):
     """Rows ``token`` of ``x`` (``hidden`` bf16, fp16 or fp32 values each) quantized on the way to fp8
     e4m3 with a float32 scale per 128 columns (``scale = max(amax, 1e-4) / 448``, ``q = x / scale``,
-    both rounded to nearest), into the owners' ``recv_x`` and ``recv_scales``: ``valid`` and ``to`` as for
-    :func:`_copy_rows`; ``BLOCK_R`` is a multiple of 128 columns."""
-    hidden, groups = sizes[1], sizes[2]
-    recv_x_ptr, recv_scales_ptr, slots, dests, keep = to
+    both rounded to nearest), once per token, into the owners' ``recv_x`` and ``recv_scales``, one
+    copy per choice: ``has`` and ``to`` as for :func:`_copy_rows`; ``BLOCK_R`` is a multiple of 128 columns."""
+    TOKENS: tl.constexpr = BLOCKS[1]
+    K_BLOCK: tl.constexpr = BLOCKS[2]
+    BLOCK_R: tl.constexpr = BLOCKS[4]
     G: tl.constexpr = BLOCK_R // 128
-    cols = tl.arange(0, BLOCK_R)
+    hidden, groups = sizes[1], sizes[2]
+    recv_x_ptr, recv_scales_ptr = to[0], to[1]
     for c in range(0, hidden, BLOCK_R):
-        offs = c + cols
-        in_row = (offs < hidden)[None, :]
-        rows = tl.load(x_ptr + token[:, None] * hidden + offs[None, :], mask=valid[:, None] & in_row,
+        offs = c + tl.arange(0, BLOCK_R)
+        rows = tl.load(x_ptr + token[:, None] * hidden + offs[None, :], mask=has[:, None] & (offs < hidden)[None, :],
                        other=0.0).to(tl.float32)
-        rows = tl.reshape(rows, (PAIRS, G, 128))
-        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(rows), axis=2), 1e-4), tl.full((PAIRS, G), 448.0, tl.float32))
-        q = tl.math.div_rn(rows, tl.broadcast_to(scale[:, :, None], (PAIRS, G, 128))).to(tl.float8e4nv)
-        store(recv_x_ptr + slots[:, None] * hidden + offs[None, :], tl.reshape(q, (PAIRS, BLOCK_R)), team.rank,
-              dests[:, None], team.heap_bases, mask=keep[:, None] & in_row)
-        group = c // 128 + tl.arange(0, G)
-        store(recv_scales_ptr + slots[:, None] * groups + group[None, :], scale, team.rank, dests[:, None],
-              team.heap_bases, mask=keep[:, None] & (group < groups)[None, :])
+        rows = tl.reshape(rows, (TOKENS, G, 128))
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(rows), axis=2), 1e-4), tl.full((TOKENS, G), 448.0, tl.float32))
+        q = tl.math.div_rn(rows, tl.broadcast_to(scale[:, :, None], (TOKENS, G, 128))).to(tl.float8e4nv)
+        _store_copies(recv_x_ptr, hidden, offs, tl.reshape(q, (TOKENS, BLOCK_R)), to, team, K_BLOCK)
+        _store_copies(recv_scales_ptr, groups, c // 128 + tl.arange(0, G), scale, to, team, K_BLOCK)
 
 
 @triton.jit
@@ -256,25 +311,25 @@ def _close_masked(cursor_ptr, layout_ptr, status_ptr, sizes, rank, heap_bases,
 def moe_dispatch_kernel(
     x_ptr, scales_ptr, topk_ptr,                                # my tokens (row_words words a row), scales, routing
     recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr,      # the receive buffers on the heap, `capacity` rows each
-    counts_ptr, local_ptr, status_ptr,                          # counts [W, E] (masked: cursors [E_local]) on the heap
+    counts_ptr, local_ptr, status_ptr,                          # tally, counts [W, E] (masked: cursors [E_local])
     sizes,                     # (tokens, row_words, scale_words, k, experts_local, max_tokens, capacity)
     sync_ptr,
     rank, world_size, heap_bases,
-    BLOCKS: tl.constexpr,      # (E_BLOCK, PAIRS, CHUNK, BLOCK_R, BLOCK_S)
+    BLOCKS: tl.constexpr,      # (E_BLOCK, TOKENS, K_BLOCK, CHUNK, BLOCK_R, BLOCK_S)
     OPTIONS: tl.constexpr,     # (REPORT: record a capacity fault, MASKED: the masked layout, QUANTIZE: to fp8)
     WORLD_BLOCK: tl.constexpr,
 ):
     """Send every (token, j) with a valid expert to the expert's owner (see the module doc).
+
+    ``counts_ptr`` (heap, int32): the tally (:data:`MAX_EXPERTS` words, zero between calls) then the
+    count matrix ``[W, E]``; in the masked layout the cursors ``[E_local]`` (zero between calls).
 
     ``local_ptr`` holds ``2 * E + 2 * E_local + max_tokens * k`` int32 words: the cursors, the
     planner's scratch, this rank's ``recv_offsets`` and ``recv_counts`` (``E_local`` each), then where
     each of its (token, j) went (``owner * capacity + slot``, -1 for none: the combine's map).
     """
     E_BLOCK: tl.constexpr = BLOCKS[0]
-    PAIRS: tl.constexpr = BLOCKS[1]
-    CHUNK: tl.constexpr = BLOCKS[2]
-    BLOCK_R: tl.constexpr = BLOCKS[3]
-    BLOCK_S: tl.constexpr = BLOCKS[4]
+    CHUNK: tl.constexpr = BLOCKS[3]
     REPORT: tl.constexpr = OPTIONS[0]
     MASKED: tl.constexpr = OPTIONS[1]
     capacity, experts_local = sizes[6], sizes[4]
@@ -286,17 +341,17 @@ def moe_dispatch_kernel(
         # No planner, no count exchange: a sender claims its slots at the owner's cursors, which the
         # owner reset at the end of its last call, before its READY of this one.
         team = wait_peers_ready(call, team)
-        _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, counts_ptr, sizes, team, PAIRS, BLOCK_R, BLOCK_S, OPTIONS)
+        _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, counts_ptr, sizes, team, BLOCKS, OPTIONS)
         if finish_call(call, team):  # every sender's claims and rows into this rank have landed
             _close_masked(counts_ptr, layout_ptr, status_ptr, sizes, rank, heap_bases, E_BLOCK, REPORT)
     else:
         flags = flag_words(call, team)  # [0, W): the count rows' flags; W: the layout (local)
-        # The count exchange is the entry handshake: a peer's count row comes after its READY (the same
-        # program releases both), and only the planner touches the count matrix, which every peer has
-        # done reading when its last call ended (finish_call). So the planner starts at once, and the
-        # READY every program then acquires is already there: no round trip of its own.
-        if me == 0:
-            _plan(topk_ptr, counts_ptr, local_ptr, status_ptr, sizes, call, team, E_BLOCK, CHUNK, REPORT)
+        # The count exchange needs no handshake of its own: only planners touch the count matrix, and
+        # every peer's planner has done reading it when its last call ended (finish_call). So the
+        # planner starts at once, and by the time the layout is out the peers' READY has usually come.
+        plans, hist = _count_routing(topk_ptr, counts_ptr, sizes, call, team, E_BLOCK, CHUNK)
+        if plans:
+            _plan(hist, counts_ptr + _TALLY, local_ptr, status_ptr, sizes, call, team, E_BLOCK, REPORT)
             signal(flags + world_size, call.epoch, rank, rank, heap_bases, scope="gpu")
         else:
             wait(flags + world_size, call.epoch, rank, rank, heap_bases, cmp="ge", scope="gpu")
@@ -306,8 +361,8 @@ def moe_dispatch_kernel(
         for start in range(unused + me * _FILL, capacity, tl.num_programs(0) * _FILL):
             offs = start + tl.arange(0, _FILL)
             tl.store(recv_src_ptr + offs, tl.full([_FILL], -1, tl.int64), mask=offs < capacity)
-        _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, local_ptr, sizes, team, PAIRS, BLOCK_R, BLOCK_S, OPTIONS)
+        _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, local_ptr, sizes, team, BLOCKS, OPTIONS)
         finish_call(call, team)
 
 
-__all__ = ["moe_dispatch_kernel", "STATUS_RECEIVED", "STATUS_NEEDED", "STATUS_WORST", "STATUS_WORDS"]
+__all__ = ["moe_dispatch_kernel", "MAX_EXPERTS", "STATUS_RECEIVED", "STATUS_NEEDED", "STATUS_WORST", "STATUS_WORDS"]

@@ -17,7 +17,7 @@ import torch
 from ... import layout as heap_layout
 from ...ccl.kernels import sync_words as ccl_sync_words
 from ..fused.sync import sync_words
-from .kernels import STATUS_WORDS
+from .kernels import MAX_EXPERTS, STATUS_WORDS
 
 #: Columns per fp8 scale (``x_scales`` is ``[T, H / SCALE_BLOCK]``).
 SCALE_BLOCK = 128
@@ -128,7 +128,8 @@ def moe_heap_bytes(tokens_per_rank: int, hidden: int, topk: int, num_experts: in
         STATUS_WORDS * 8,                                                   # status words
     ]
     shared = [  # what lives only during a call
-        (experts_local if layout == "masked" else world_size * num_experts) * 4,  # cursors or count matrix
+        (experts_local if layout == "masked" else MAX_EXPERTS + world_size * num_experts) * 4,  # cursors, or tally
+                                                                            # and count matrix
         sync_words(world_size, world_size + 1) * 8,                         # sync block
     ]
     if world_size > 1:
