@@ -8,7 +8,8 @@ and never reset between calls (:func:`sync_block`). Its layout (word indices)::
     TICKET_WORD                       programs of the running launch that reached finish_call
     ARRIVAL_WORD                      programs of the running launch that have started (enter_call)
     WORK_WORD + i, i < WORK_COUNTERS  work counters of the running launch: items claimed so far
-                                      (:func:`claim_work`), 0 between launches; the last one,
+                                      (:func:`claim_work`) or done (:func:`count_done`), 0 between
+                                      launches; the last one,
                                       STAGE_COUNTER, counts the chunks of a staged operand claimed
                                       (:func:`enter_call_staging`)
     STAGE_DONE_WORD                   chunks of a staged operand copied so far

@@ -55,13 +55,16 @@ MAX_BLOCK_R = 1024
 TOKENS_PER_STEP = 16
 #: Programs a dispatch launches per SM (at most one per step): a program's steps run one after
 #: another, each a chain of dependent memory operations (ids, slot claims, rows), so several programs
-#: per SM keep the rows of several steps in flight at once. 8, with 4 warps each and the planner's
-#: 4096-entry bites, from the launch-shape sweep on an H100 (2026-12-06, docs/moe.md): 1.7x faster
-#: than one program of 8 warps per SM at DeepSeek-V3's 4096-token bf16 dispatch (270 against 452 us).
+#: per SM keep the rows of several steps in flight at once. 8, with 4 warps each, from the launch-shape
+#: sweep on an H100 (2026-12-06, docs/moe.md): 1.7x faster than one program of 8 warps per SM at
+#: DeepSeek-V3's 4096-token bf16 dispatch (270 against 452 us); 4 tied with 8 after the read-once
+#: steps of 2026-12-07 (228.1 against 230.3 us bf16).
 PROGRAMS_PER_SM = 8
 #: Routing entries a program counts at once: programs claim chunks of the rank's routing and count
 #: them in parallel, and the one that counts the last chunk plans (a decode-sized call is one chunk).
-PLAN_CHUNK = 4096
+#: 1024 from the A/B of 2026-12-07 (one H100, docs/moe.md): at DeepSeek-V3's 4096 tokens, fp8 131.8
+#: against 137.8 us with 4096-entry chunks, bf16 224.2 against 230.3.
+PLAN_CHUNK = 1024
 #: Warps of a dispatch program (0: 4 for rows of up to 512 words or columns, else 8).
 WARPS = 4
 #: How ``recv_x`` is laid out: experts one after another, each as long as it needs ("contiguous"),
