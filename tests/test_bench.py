@@ -294,7 +294,7 @@ def test_suite_runs_steps_in_order_and_reports_failures(tmp_path, capsys):
 
     py = ("{py}", "-c")
     steps = suite.SUITES["sim-smoke"] + [suite.Step("fails", (*py, "import sys; sys.exit(3)"), 60),
-                                          suite.Step("hangs", (*py, "import time; time.sleep(60)"), 2)]
+                                          suite.Step("hangs", (*py, "import time; time.sleep(60)"), 1)]
     out = tmp_path / "suite"
     assert suite.main(["tiny", "--out", str(out)], suites={"tiny": steps}) == 1
     result = json.loads((out / "summary.json").read_text())
@@ -470,17 +470,24 @@ def _masked_in_exact_heap(rank, out, world):
         return correct, ctx.memory_stats()["free_bytes"], heap
 
 
-@pytest.mark.parametrize("body", [_moe_bench_in_exact_heap, _masked_in_exact_heap], ids=["contiguous", "masked"])
+def _both_layouts_in_exact_heaps(rank, out, world):
+    """The contiguous bench, then the masked layout's largest call, each in a context of its own whose
+    heap is exactly its ``moe_heap_bytes`` (one process start-up for both)."""
+    return [body(rank, out, world) for body in (_moe_bench_in_exact_heap, _masked_in_exact_heap)]
+
+
 @pytest.mark.parametrize("world", [1, 2])
-def test_moe_bench_runs_in_exactly_the_heap_moe_heap_bytes_gives(tmp_path, world, body):
+def test_moe_bench_runs_in_exactly_the_heap_moe_heap_bytes_gives(tmp_path, world):
     """The bench makes its largest call first (the workspace never grows through smaller sizes, which
     would leave holes), so a heap of exactly ``moe_heap_bytes`` holds it, with little to spare (at one
-    rank without the combine's staging, which nothing uses there)."""
+    rank without the combine's staging, which nothing uses there). Both layouts, in turn."""
     import trident
 
-    for correct, free, heap in trident.spawn(body, world, (str(tmp_path), world), timeout=240):
-        assert correct is True
-        assert free < 4096, (free, heap)
+    for layouts in trident.spawn(_both_layouts_in_exact_heaps, world, (str(tmp_path), world), timeout=240):
+        assert len(layouts) == 2
+        for layout, (correct, free, heap) in zip(("contiguous", "masked"), layouts):
+            assert correct is True, layout
+            assert free < 4096, (layout, free, heap)
 
 
 def test_plots_draw_one_readable_panel_per_family_from_saved_h200_json(tmp_path):
