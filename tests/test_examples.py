@@ -18,6 +18,9 @@ from tests.conftest import script_env
 REPO = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("[!_]*.py"))  # _name.py: helpers, not examples
 SUCCESS = ("ok", "matches")
+#: Lines an example must print exactly (besides its success word): ``trident run``'s output of a rank's line
+#: as the script wrote it (what tests/test_host_api.py checked with a run of its own).
+EXACT = {"01_load_store.py": ["rank 0: load/store ok (y = 0.0)", "rank 1: load/store ok (y = 2.0)"]}
 #: What examples may import from trident: the public API and the tile helpers. The ops' kernels
 #: are internals that change; an example copying or importing them would drift from the library.
 PUBLIC = {"trident", "trident.ops", "trident.ops.gemm.tiles", "trident.ccl", "trident.ccl.device"}
@@ -36,6 +39,8 @@ def test_example_runs_on_two_ranks(name):
     for rank in range(2):
         lines = [line for line in proc.stdout.splitlines() if line.startswith(f"rank {rank}")]
         assert any(word in line for line in lines for word in SUCCESS), proc.stdout[-2000:]
+    for line in EXACT.get(name, []):
+        assert line in proc.stdout.splitlines(), proc.stdout[-2000:]
 
 
 def test_moe_layer_runs_with_the_masked_layout():
