@@ -403,45 +403,24 @@ def test_freed_block_is_reused(pool2):
 # -- divergence -------------------------------------------------------------------------------------------
 
 
-def _diverge_at_barrier(rank):
-    ctx = trident.init(heap_size=1 << 24)
-    ctx.zeros(4)
-    if rank == 1:
-        ctx.zeros(8)  # an allocation the other rank does not make
-    try:
-        ctx.barrier()
-    except trident.DivergenceError as exc:
-        return str(exc)
-    return None
-
-
-def test_divergence_is_caught_at_the_barrier():
-    results = trident.spawn(_diverge_at_barrier, 2, timeout=120)
-    assert len(results) == 2
-    for rank, message in enumerate(results):
-        assert message is not None, f"rank {rank} passed the barrier"
-        assert message.startswith(f"rank {rank}:") and "out of step at barrier" in message
-        assert "rank 0: " in message and "rank 1: " in message
-        assert "after 1 heap operations" in message and "after 2 heap operations" in message
-        assert "shape=(8,)" in message  # rank 1's last operation
-        # both ranks report the same states
-        assert message.split(":", 1)[1] == results[0].split(":", 1)[1]
-
-
 def _heap_mappings():
     with open("/proc/self/maps") as f:
         return [line for line in f if f"trident-u{os.getuid()}-p" in line]
 
 
-def _close_after_divergence(rank):
+def _diverge_then_close(rank):
+    """Rank 1 makes an allocation rank 0 does not: the barrier must catch it; then close() after the caught
+    divergence must release the heap, and a new context in step must work (both divergence tests below)."""
     import warnings
 
     ctx = trident.init(heap_size=1 << 24)
-    extra = ctx.zeros(8) if rank == 1 else None
+    ctx.zeros(4)
+    extra = ctx.zeros(8) if rank == 1 else None  # an allocation the other rank does not make
+    message = None
     try:
         ctx.barrier()
-    except trident.DivergenceError:
-        pass
+    except trident.DivergenceError as exc:
+        message = str(exc)
     if extra is not None:
         ctx.free(extra)  # does not bring the ranks back into step: the digest is of the history
     mapped = len(_heap_mappings())
@@ -458,14 +437,32 @@ def _close_after_divergence(rank):
     with trident.init(heap_size=1 << 24) as again:  # the way back: a new context, in step
         again.zeros(4)
         again.barrier()
-    return closed, [str(w.message) for w in caught], repr(ctx), mapped, after
+    return message, (closed, [str(w.message) for w in caught], repr(ctx), mapped, after)
+
+
+@pytest.fixture(scope="module")
+def diverged():
+    """The two ranks of :func:`_diverge_then_close`: one job for both tests (each used to start its own)."""
+    return trident.spawn(_diverge_then_close, 2, timeout=120)
+
+
+def test_divergence_is_caught_at_the_barrier(diverged):
+    results = [message for message, _ in diverged]
+    assert len(results) == 2
+    for rank, message in enumerate(results):
+        assert message is not None, f"rank {rank} passed the barrier"
+        assert message.startswith(f"rank {rank}:") and "out of step at barrier" in message
+        assert "rank 0: " in message and "rank 1: " in message
+        assert "after 1 heap operations" in message and "after 2 heap operations" in message
+        assert "shape=(8,)" in message  # rank 1's last operation
+        # both ranks report the same states
+        assert message.split(":", 1)[1] == results[0].split(":", 1)[1]
 
 
 @pytest.mark.skipif(not trident.platform.SIMULATOR, reason="counts the simulator's /dev/shm heap mappings")
-def test_close_after_a_caught_divergence_releases_and_only_warns():
+def test_close_after_a_caught_divergence_releases_and_only_warns(diverged):
     """close() used to raise DivergenceError again; it must release the heap and every mapping."""
-    for rank, (closed, caught, state, mapped, after) in enumerate(trident.spawn(_close_after_divergence, 2,
-                                                                               timeout=120)):
+    for rank, (_, (closed, caught, state, mapped, after)) in enumerate(diverged):
         assert closed == "no error", closed
         assert len(caught) == 1 and caught[0].startswith(f"rank {rank}:") and "closing anyway" in caught[0], caught
         assert state.endswith("closed>") and mapped > 0 and after == 0, (state, mapped, after)
