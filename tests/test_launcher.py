@@ -356,18 +356,26 @@ def test_spawn_says_why_a_result_is_missing(fn, message):
 
 
 def _returns_tensors(rank):
+    """Tensors to return by value, and (rank 0) where the spawned job's rendezvous store listens: one job for
+    test_spawn_returns_tensors_by_value and test_spawn_store_listens_on_loopback_only."""
     big = torch.arange(1000.0)
     with trident.init(heap_size=1 << 22) as ctx:
         on_heap = ctx.full((3,), float(rank))
         view = ctx.arange(8)[2:4]
+        listening = _listening_addresses(int(os.environ["MASTER_PORT"])) if ctx.rank == 0 else None
     # returned after close(): the heap tensors come back as CPU copies of their own elements
     return {"full": torch.full((3,), 1.0), "clone": torch.ones(2).cpu().clone(), "view": big[5:7],
-            "heap": on_heap, "heap view": view}
+            "heap": on_heap, "heap view": view}, listening
 
 
-def test_spawn_returns_tensors_by_value():
+@pytest.fixture(scope="module")
+def spawned():
+    return trident.spawn(_returns_tensors, 2, timeout=120)
+
+
+def test_spawn_returns_tensors_by_value(spawned):
     """Each rank's tensors come back (they used to die with the rank's shared memory: FileNotFoundError)."""
-    results = trident.spawn(_returns_tensors, 2, timeout=120)
+    results = [tensors for tensors, _ in spawned]
     for rank, got in enumerate(results):
         assert {k: v.tolist() for k, v in got.items()} == {
             "full": [1.0] * 3, "clone": [1.0] * 2, "view": [5.0, 6.0], "heap": [float(rank)] * 3, "heap view": [2, 3]}
@@ -393,14 +401,10 @@ def _listening_addresses(port):
     return found
 
 
-def _store_addresses(rank):
-    with trident.init(heap_size=1 << 20) as ctx:
-        return _listening_addresses(int(os.environ["MASTER_PORT"])) if ctx.rank == 0 else None
-
-
-def test_spawn_store_listens_on_loopback_only():
-    """The store carries the heap's handles: it used to listen on every interface (``*:PORT``)."""
-    assert trident.spawn(_store_addresses, 2, timeout=120)[0] == ["127.0.0.1"]
+def test_spawn_store_listens_on_loopback_only(spawned):
+    """The store carries the heap's handles: it used to listen on every interface (``*:PORT``). Rank 0 of the
+    job of :func:`_returns_tensors` looked, inside its context."""
+    assert [listening for _, listening in spawned] == [["127.0.0.1"], None]
 
 
 def test_trident_run_store_listens_on_loopback_only(tmp_path):
