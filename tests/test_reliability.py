@@ -46,12 +46,18 @@ def _exhaustion_body(ctx):
     return raised, y.tolist(), again.tolist(), fused_raised, z.tolist(), C.tolist()
 
 
-def test_heap_exhaustion_in_a_collective_leaves_no_dangling_buffer():
-    pool = RankPool(2, **dict(POOL_KWARGS, heap_size=1 << 20))  # its own ranks: a 1 MiB heap
-    try:
-        results = pool.run(_exhaustion_body)
-    finally:
-        pool.close()
+@pytest.fixture(scope="module")
+def own_pool():
+    """Two ranks of this module's own, with a 1 MiB heap: the heap-exhaustion test fills it, and the last
+    test of the module (a collective whose peer never arrives) leaves them out of step. One pool for both
+    (each used to start and close one); closed when the module ends."""
+    pool = RankPool(2, **dict(POOL_KWARGS, heap_size=1 << 20))
+    yield pool
+    pool.close()
+
+
+def test_heap_exhaustion_in_a_collective_leaves_no_dangling_buffer(own_pool):
+    results = own_pool.run(_exhaustion_body)
     for raised, y, again, fused_raised, z, C in results:
         assert "heap" in raised.lower() and "bytes" in raised, raised
         assert "trident all_reduce needs its 'input' staging buffer to grow" in raised, raised  # not ctx.empty(...)
@@ -269,13 +275,10 @@ def _peer_never_arrives(ctx):
     return elapsed, raised
 
 
-def test_a_collective_whose_peer_never_arrives_gives_up_after_one_wait_timeout():
+def test_a_collective_whose_peer_never_arrives_gives_up_after_one_wait_timeout(own_pool):
     """Two waits in a row each waited the whole timeout on the GPU (2 x 3 s), and the simulator's
-    waits read the clock only every 256 interpreted polls (5.6 s for 2 s)."""
-    pool = RankPool(2, **POOL_KWARGS)  # its own ranks: the timed-out call leaves them out of step
-    try:
-        (elapsed, raised), _ = pool.run(_peer_never_arrives)
-    finally:
-        pool.close()
+    waits read the clock only every 256 interpreted polls (5.6 s for 2 s). The module's own ranks (the
+    timed-out call leaves them out of step): this test stays the last of the module to use them."""
+    (elapsed, raised), _ = own_pool.run(_peer_never_arrives)
     assert "timed out after 2 s" in raised and "rank 0" in raised, raised
     assert 2.0 <= elapsed < 3.5, f"gave up after {elapsed:.1f} s with wait_timeout = 2 s"
