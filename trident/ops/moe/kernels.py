@@ -6,19 +6,20 @@ program's first store into a peer, ``finish_call`` ends the call (when a kernel 
 stores into this rank have landed). Flags are the sync block's tile flags, holding the epoch of the
 call that set them, so nothing is ever reset.
 
-Contiguous layout (``moe_dispatch_kernel``), roles by arrival ticket:
+Contiguous layout (``moe_dispatch_kernel``):
 
-* ticket 0, the *planner*, waits on nothing of its own launch: it counts this rank's routing per
-  expert (a histogram), puts the counts into row ``rank`` of every rank's count matrix (``[W, E]``,
-  on the heap) and raises its flag there, waits for every rank's row (which doubles as the call's
-  entry handshake: a peer's row follows its READY), then lays out every rank's
+* programs claim chunks of this rank's routing and count them per expert (a histogram each, added
+  into a tally); the one that counts the last chunk, the *planner*, puts the whole count into row
+  ``rank`` of every rank's count matrix (``[W, E]``, on the heap) and raises its flag there, waits
+  for every rank's row, then lays out every rank's
   receive buffer from the whole matrix: expert by expert, and inside an expert source rank by
   source rank. It writes this rank's ``recv_offsets``/``recv_counts``, the status words, and a
   *cursor* per expert: where this rank's rows for that expert start at its owner. Then it raises
   the local *layout* flag.
-* every program (the planner too, afterwards) waits for the layout flag (set by ticket 0, which
-  started first), then sends its tokens, ``TOKENS`` at a time: per (token, j) choice an atomic add
-  on the expert's cursor gives the row's slot at the owner, and the step's rows (with their
+* every program (the planner too, afterwards) waits for the layout flag (the last chunk belongs
+  to a program that runs, so the wait ends), then sends its tokens, ``TOKENS`` at a time: per
+  (token, j) choice an atomic add on the expert's cursor gives the row's slot at the owner, and
+  the step's rows (with their
   scales, origins and j) are read once and stored straight into the owners' receive buffers, one
   copy per choice, each to its own owner. No flag per row: the call's exit handshake makes every
   peer's rows land before the kernel ends.
