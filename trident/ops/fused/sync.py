@@ -9,10 +9,9 @@ and never reset between calls (:func:`sync_block`). Its layout (word indices)::
     ARRIVAL_WORD                      programs of the running launch that have started (enter_call)
     WORK_WORD + i, i < WORK_COUNTERS  work counters of the running launch: items claimed so far
                                       (:func:`claim_work`) or done (:func:`count_done`), 0 between
-                                      launches; the last one,
-                                      STAGE_COUNTER, counts the chunks of a staged operand claimed
+                                      launches; the last two, STAGE_COUNTER and STAGE_DONE_COUNTER,
+                                      count the chunks of a staged operand claimed and copied
                                       (:func:`enter_call_staging`)
-    STAGE_DONE_WORD                   chunks of a staged operand copied so far
     READY_WORD + p                    READY[p]: the last call rank p has entered
     READY_WORD + world_size + p       ARRIVED[p]: the last call rank p is done with this rank in
     READY_WORD + 2 * world_size + p   OFFSET[p]: where rank p's symmetric operand of the running call
@@ -99,12 +98,12 @@ EPOCH_WORD = 0
 TICKET_WORD = 1
 ARRIVAL_WORD = 2
 WORK_WORD = 3
-#: Work counters a launch may claim items from (:func:`claim_work`): 0 and 1 for a kernel's own work,
-#: STAGE_COUNTER for :func:`enter_call_staging`'s chunks.
-WORK_COUNTERS = 3
-STAGE_COUNTER = WORK_COUNTERS - 1
-STAGE_DONE_WORD = WORK_WORD + WORK_COUNTERS
-READY_WORD = STAGE_DONE_WORD + 1
+#: Work counters of a launch (:func:`claim_work`, :func:`count_done`): 0 and 1 for a kernel's own work,
+#: STAGE_COUNTER and STAGE_DONE_COUNTER for :func:`enter_call_staging`'s chunks (claimed, copied).
+WORK_COUNTERS = 4
+STAGE_COUNTER = WORK_COUNTERS - 2
+STAGE_DONE_COUNTER = WORK_COUNTERS - 1
+READY_WORD = WORK_WORD + WORK_COUNTERS
 #: Elements of a staged operand one program copies per claim (:func:`enter_call_staging`).
 STAGE_CHUNK = 4096
 #: Tile flags the block has room for at least (so that small calls never grow it).
@@ -116,7 +115,7 @@ _ARRIVAL = tl.constexpr(ARRIVAL_WORD)
 _WORK = tl.constexpr(WORK_WORD)
 _WORK_COUNTERS = tl.constexpr(WORK_COUNTERS)
 _STAGE_COUNTER = tl.constexpr(STAGE_COUNTER)
-_STAGE_DONE = tl.constexpr(STAGE_DONE_WORD)
+_STAGE_DONE_COUNTER = tl.constexpr(STAGE_DONE_COUNTER)
 _STAGE_CHUNK = tl.constexpr(STAGE_CHUNK)
 _READY = tl.constexpr(READY_WORD)
 
@@ -245,10 +244,9 @@ def enter_call_staging(sync_ptr, operand, source, numel, team, WORLD_BLOCK: tl.c
     while chunk < chunks:
         offs = chunk.to(tl.int64) * _STAGE_CHUNK + lanes
         tl.store(operand + offs, tl.load(source + offs, mask=offs < numel), mask=offs < numel)
-        tl.debug_barrier()  # every thread's stores before the count's release
-        # acq_rel: the program that copies the last chunk acquires every other chunk's stores, and its
-        # READY release (cumulative) hands them to the peers.
-        if tl.atomic_add(sync_ptr + _STAGE_DONE, 1, sem="acq_rel", scope="gpu") == chunks - 1:
+        # The program that copies the last chunk acquires every other chunk's stores (count_done), and
+        # its READY release (cumulative) hands them to the peers.
+        if count_done(call, _STAGE_DONE_COUNTER) == chunks - 1:
             _announce(call, team)
         chunk = claim_work(call, _STAGE_COUNTER)
     return call, arrival
@@ -363,7 +361,6 @@ def finish_call(call, team):
         tl.store(call.sync_ptr + _TICKET, 0)  # the next launch (stream-ordered after this one) counts afresh
         for i in tl.static_range(_WORK_COUNTERS):  # no program of this launch claims any more
             tl.store(call.sync_ptr + _WORK + i, 0)
-        tl.store(call.sync_ptr + _STAGE_DONE, 0)
         tl.store(call.sync_ptr + _EPOCH, call.epoch)
         peers = tl.arange(0, call.WORLD_BLOCK)
         is_peer = peers < team.world_size
