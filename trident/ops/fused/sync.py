@@ -356,7 +356,9 @@ def finish_call(call, team):
             total = tl.load(counter_ptr)
     """
     tl.debug_barrier()  # every thread's stores before the ticket's release
-    last = tl.atomic_add(call.sync_ptr + _TICKET, 1, sem="acq_rel", scope="sys") == tl.num_programs(0) - 1
+    # The ticket is this launch's own word, so gpu scope: the last program acquires every program's
+    # stores (into peers too) and its ARRIVED release at sys scope hands them on (release is cumulative).
+    last = tl.atomic_add(call.sync_ptr + _TICKET, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1
     if last:
         tl.store(call.sync_ptr + _TICKET, 0)  # the next launch (stream-ordered after this one) counts afresh
         for i in tl.static_range(_WORK_COUNTERS):  # no program of this launch claims any more

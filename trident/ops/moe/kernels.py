@@ -174,16 +174,31 @@ def _claim_slots(ids, valid, cursor_ptr, sizes, team, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team, BLOCKS: tl.constexpr,
+def _step_ids(topk_ptr, start, sizes, BLOCKS: tl.constexpr):
+    """The expert ids of the step that starts at token ``start``: a ``[TOKENS, K_BLOCK]`` block, -1
+    past the tokens or past ``k``."""
+    TOKENS: tl.constexpr = BLOCKS[1]
+    K_BLOCK: tl.constexpr = BLOCKS[2]
+    tokens, k = sizes[0], sizes[3]
+    token = start + tl.arange(0, TOKENS).to(tl.int64)
+    j = tl.arange(0, K_BLOCK)
+    listed = (token < tokens)[:, None] & (j < k)[None, :]
+    return tl.load(topk_ptr + token[:, None] * k + j[None, :], mask=listed, other=-1)
+
+
+@triton.jit
+def _send_rows(x_ptr, scales_ptr, topk_ptr, ids, recv, cursor_ptr, sizes, team, BLOCKS: tl.constexpr,
                OPTIONS: tl.constexpr):
     """Store this program's tokens' rows into their experts' owners' buffers, ``TOKENS`` tokens a step
-    (steps ``me, me + programs, ...``): the step claims the slots of all its ``(token, j)`` choices at
-    once (an atomic add per choice on the expert's cursor), then moves its rows a column chunk at a
-    time, each chunk read from ``x`` once and stored once per choice, each copy to its own owner (a
-    token's k copies cost one read of it, not k). ``recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr,
-    recv_j_ptr, sent_ptr)`` (``sent``: local, where each choice went); ``sizes``, ``BLOCKS`` and
-    ``OPTIONS`` are the kernel's; the slots as :func:`_claim_slots` gives them, the rows as
-    :func:`_copy_rows` or :func:`_quantize_rows` moves them."""
+    (steps ``pid, pid + programs, ...``; ``ids``: the first step's, loaded before the call's
+    handshake, and each step loads the next one's while it moves its own rows). A step claims the
+    slots of all its ``(token, j)`` choices at once (an atomic add per choice on the expert's
+    cursor), then moves its rows a column chunk at a time, each chunk read from ``x`` once and
+    stored once per choice, each copy to its own owner (a token's k copies cost one read of it, not
+    k). ``recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr)`` (``sent``:
+    local, where each choice went); ``sizes``, ``BLOCKS`` and ``OPTIONS`` are the kernel's; the
+    slots as :func:`_claim_slots` gives them, the rows as :func:`_copy_rows` or
+    :func:`_quantize_rows` moves them."""
     TOKENS: tl.constexpr = BLOCKS[1]
     K_BLOCK: tl.constexpr = BLOCKS[2]
     MASKED: tl.constexpr = OPTIONS[1]
@@ -193,13 +208,14 @@ def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team, B
     rank, heap_bases = team.rank, team.heap_bases
     experts = experts_local * team.world_size
     j = tl.arange(0, K_BLOCK)
-    for start in range(me * TOKENS, tokens, tl.num_programs(0) * TOKENS):
+    stride = tl.num_programs(0) * TOKENS
+    for start in range(tl.program_id(0) * TOKENS, tokens, stride):
         token = start + tl.arange(0, TOKENS).to(tl.int64)
         has = token < tokens
         choice = token[:, None] * k + j[None, :]  # [TOKENS, K_BLOCK]
         listed = has[:, None] & (j < k)[None, :]
-        ids = tl.load(topk_ptr + choice, mask=listed, other=-1)
         valid = listed & (ids >= 0) & (ids < experts)
+        upcoming = _step_ids(topk_ptr, start + stride, sizes, BLOCKS)  # in flight while this step moves rows
         slots, keep = _claim_slots(ids, valid, cursor_ptr, sizes, team, MASKED)
         dests = tl.where(keep, ids // experts_local, rank).to(tl.int32)
         slots = tl.where(keep, slots, 0).to(tl.int64)
@@ -214,6 +230,7 @@ def _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, cursor_ptr, sizes, team, B
         tl.store(sent_ptr + choice, tl.where(keep, dests * capacity + slots, -1).to(tl.int32), mask=listed)
         store(recv_src_ptr + slots, rank * max_tokens + token[:, None] + slots * 0, rank, dests, heap_bases, mask=keep)
         store(recv_j_ptr + slots, j[None, :] + (slots * 0).to(tl.int32), rank, dests, heap_bases, mask=keep)
+        ids = upcoming
 
 
 @triton.jit
@@ -337,12 +354,15 @@ def moe_dispatch_kernel(
     layout_ptr = local_ptr + 2 * world_size * experts_local  # recv_offsets, recv_counts, then the map
     recv = (recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, layout_ptr + 2 * experts_local)
     team = Team(rank, world_size, heap_bases)
+    # A program's first routing ids are local inputs: their load goes out before the handshake. Sending
+    # waits on no other program of the launch, so the steps follow the program id, not the arrival.
+    ids = _step_ids(topk_ptr, tl.program_id(0) * BLOCKS[1], sizes, BLOCKS)
     call, me = enter_call(sync_ptr, recv_x_ptr, team, WORLD_BLOCK)
     if MASKED:
         # No planner, no count exchange: a sender claims its slots at the owner's cursors, which the
         # owner reset at the end of its last call, before its READY of this one.
         team = wait_peers_ready(call, team)
-        _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, counts_ptr, sizes, team, BLOCKS, OPTIONS)
+        _send_rows(x_ptr, scales_ptr, topk_ptr, ids, recv, counts_ptr, sizes, team, BLOCKS, OPTIONS)
         if finish_call(call, team):  # every sender's claims and rows into this rank have landed
             _close_masked(counts_ptr, layout_ptr, status_ptr, sizes, rank, heap_bases, E_BLOCK, REPORT)
     else:
@@ -362,7 +382,7 @@ def moe_dispatch_kernel(
         for start in range(unused + me * _FILL, capacity, tl.num_programs(0) * _FILL):
             offs = start + tl.arange(0, _FILL)
             tl.store(recv_src_ptr + offs, tl.full([_FILL], -1, tl.int64), mask=offs < capacity)
-        _send_rows(x_ptr, scales_ptr, topk_ptr, me, recv, local_ptr, sizes, team, BLOCKS, OPTIONS)
+        _send_rows(x_ptr, scales_ptr, topk_ptr, ids, recv, local_ptr, sizes, team, BLOCKS, OPTIONS)
         finish_call(call, team)
 
 
