@@ -522,6 +522,36 @@ def test_host_anatomy_script_says_it_needs_a_gpu():
     assert proc.returncode != 0 and "run it on a GPU" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_moe_decode_anatomy_variants_still_apply_to_the_kernel(tmp_path):
+    """benchmarks/moe_decode_anatomy.py times the MoE dispatch with parts taken out, each a text edit of
+    trident/ops/moe/kernels.py or sync.py: every edit must still apply to the current sources (a kernel
+    change that breaks one fails here, not on a GPU) and take out what it names; in the simulator the
+    script says it needs a GPU."""
+    import importlib.util
+    import inspect
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("moe_decode_anatomy", os.path.join(root, "benchmarks",
+                                                                                     "moe_decode_anatomy.py"))
+    anatomy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(anatomy)
+    kernels = anatomy.build_variants(str(tmp_path))
+    assert list(kernels) == [*anatomy.VARIANTS, "empty kernel"]
+    source = {name: inspect.getsource(kernel.fn) for name, kernel in kernels.items()}
+    masked = {name: text[text.index("if MASKED:"):text.index("else:", text.index("if MASKED:"))]
+              for name, text in source.items() if name != "empty kernel"}
+    assert "wait_peers_ready" in masked["current"] and "_send_rows" in masked["current"]
+    assert "wait_peers_ready" not in masked["no READY wait"] and "_send_rows" in masked["no READY wait"]
+    assert "wait_peers_ready" in masked["no rows"] and "_send_rows" not in masked["no rows"]
+    assert "wait_peers_ready" not in masked["no READY, no rows"] and "_send_rows" not in masked["no READY, no rows"]
+    finish = inspect.getsource(kernels["system-scope ticket"].fn.__globals__["finish_call"].fn)
+    assert anatomy.TICKET.replace('"gpu"', '"sys"') in finish
+    if SIMULATOR:
+        proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "moe_decode_anatomy.py")],
+                              capture_output=True, text=True, timeout=120, env=script_env(), cwd=root)
+        assert proc.returncode != 0 and "run it on a GPU" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_auto_table_rules_keep_a_choice_within_the_tolerance_and_start_at_zero():
     from trident.bench import auto_table
 
