@@ -49,7 +49,8 @@ FP8 = torch.float8_e4m3fn
 #: Words (of the row's word type) one step of the dispatch, or of the combine's push, moves: a block of
 #: rows of ``BLOCK_R`` (``BLOCK_H``) words.
 TILE_WORDS = 4096
-#: Most words (or columns, when quantizing) of a row one step moves at once.
+#: Most words (or columns, when quantizing) of a row one step of a full tile of tokens moves at once
+#: (a step of fewer tokens takes wider chunks: :func:`_step_shape`).
 MAX_BLOCK_R = 1024
 #: Most tokens one step of the dispatch moves (each to all its k experts: the row is read once).
 TOKENS_PER_STEP = 16
@@ -147,14 +148,23 @@ def _agree(ctx, where: str, tokens: int, facts: tuple, sends: torch.Tensor) -> t
     return max(t for t, _, _ in everyone), max(received), received.index(max(received))
 
 
-def _tokens_per_step(max_tokens: int, block_r: int, program_limit: int) -> int:
-    """Tokens one dispatch step moves: a tile of about :data:`TILE_WORDS` words (at most
-    :data:`TOKENS_PER_STEP` rows), halved while that leaves fewer steps than the GPU has program
-    slots (a decode-sized call spreads its few tokens over more SMs)."""
-    per_step = min(TOKENS_PER_STEP, max(1, TILE_WORDS // block_r))
-    while per_step > 1 and triton.cdiv(max_tokens, per_step) < program_limit:
-        per_step //= 2
-    return per_step
+def _step_shape(max_tokens: int, row: int, program_limit: int) -> tuple[int, int]:
+    """``(tokens, block_r)``: the tokens one dispatch step moves and the words (or columns, when
+    quantizing) of a row it moves at once, for rows of ``row`` words (columns).
+
+    A step is a tile of about :data:`TILE_WORDS` words: rows in chunks of at most :data:`MAX_BLOCK_R`,
+    as many tokens as fill the tile (at most :data:`TOKENS_PER_STEP`), halved while that leaves fewer
+    steps than the GPU has program slots (a decode-sized call spreads its few tokens over more SMs).
+    A step left with fewer tokens takes wider chunks, so that its tile stays :data:`TILE_WORDS`: a
+    chunk's stores wait on its load, so a decode program (one token) reads its row in one trip to
+    memory rather than one per chunk (four for DeepSeek-V3's bf16 rows: docs/moe.md, "The decode
+    dispatch taken apart")."""
+    widest = triton.next_power_of_2(row)
+    block_r = min(widest, MAX_BLOCK_R)
+    tokens = min(TOKENS_PER_STEP, max(1, TILE_WORDS // block_r))
+    while tokens > 1 and triton.cdiv(max_tokens, tokens) < program_limit:
+        tokens //= 2
+    return tokens, min(widest, max(block_r, TILE_WORDS // tokens))
 
 
 def _word_dtype(row_bytes: int) -> torch.dtype:
@@ -288,8 +298,8 @@ def _run_dispatch(team, rec, tensors, options) -> None:
             starts = torch.arange(experts_local, dtype=torch.int32, device=ctx.device) * (rows // experts_local)
             rec.every_replay(lambda: local[2 * num_experts:2 * num_experts + experts_local].copy_(starts))
     else:
-        block_r = min(triton.next_power_of_2(hidden if quantize else row_words), MAX_BLOCK_R)  # columns, or words
-        per_step = _tokens_per_step(max_tokens, block_r, ctx.platform.program_limit)
+        per_step, block_r = _step_shape(max_tokens, hidden if quantize else row_words,  # columns, or words
+                                        ctx.platform.program_limit)
         programs = max(1, min(PROGRAMS_PER_SM * ctx.platform.program_limit, triton.cdiv(max_tokens, per_step)))
         rec.launch(moe_dispatch_kernel, (programs,), (
             x if quantize else x.view(word), x_scales, topk_idx,  # quantized: x's values; else raw words
