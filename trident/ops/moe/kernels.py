@@ -174,16 +174,24 @@ def _claim_slots(ids, valid, cursor_ptr, sizes, team, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _step_ids(topk_ptr, start, sizes, BLOCKS: tl.constexpr):
-    """The expert ids of the step that starts at token ``start``: a ``[TOKENS, K_BLOCK]`` block, -1
-    past the tokens or past ``k``."""
+def _step_choices(start, sizes, BLOCKS: tl.constexpr):
+    """``(token, choice, listed)`` of the step that starts at token ``start``: its ``TOKENS`` token
+    indices, each ``(token, j)``'s index into ``topk_idx`` (a ``[TOKENS, K_BLOCK]`` block) and which
+    of those exist (inside the tokens and ``k``)."""
     TOKENS: tl.constexpr = BLOCKS[1]
     K_BLOCK: tl.constexpr = BLOCKS[2]
     tokens, k = sizes[0], sizes[3]
     token = start + tl.arange(0, TOKENS).to(tl.int64)
     j = tl.arange(0, K_BLOCK)
-    listed = (token < tokens)[:, None] & (j < k)[None, :]
-    return tl.load(topk_ptr + token[:, None] * k + j[None, :], mask=listed, other=-1)
+    return token, token[:, None] * k + j[None, :], (token < tokens)[:, None] & (j < k)[None, :]
+
+
+@triton.jit
+def _step_ids(topk_ptr, start, sizes, BLOCKS: tl.constexpr):
+    """The expert ids of the step that starts at token ``start``: a ``[TOKENS, K_BLOCK]`` block, -1
+    past the tokens or past ``k``."""
+    _, choice, listed = _step_choices(start, sizes, BLOCKS)
+    return tl.load(topk_ptr + choice, mask=listed, other=-1)
 
 
 @triton.jit
@@ -203,17 +211,15 @@ def _send_rows(x_ptr, scales_ptr, topk_ptr, ids, recv, cursor_ptr, sizes, team, 
     K_BLOCK: tl.constexpr = BLOCKS[2]
     MASKED: tl.constexpr = OPTIONS[1]
     QUANTIZE: tl.constexpr = OPTIONS[2]
-    tokens, _, _, k, experts_local, max_tokens, capacity = sizes
+    tokens, _, _, _, experts_local, max_tokens, capacity = sizes
     recv_x_ptr, recv_scales_ptr, recv_src_ptr, recv_j_ptr, sent_ptr = recv
     rank, heap_bases = team.rank, team.heap_bases
     experts = experts_local * team.world_size
     j = tl.arange(0, K_BLOCK)
     stride = tl.num_programs(0) * TOKENS
     for start in range(tl.program_id(0) * TOKENS, tokens, stride):
-        token = start + tl.arange(0, TOKENS).to(tl.int64)
+        token, choice, listed = _step_choices(start, sizes, BLOCKS)
         has = token < tokens
-        choice = token[:, None] * k + j[None, :]  # [TOKENS, K_BLOCK]
-        listed = has[:, None] & (j < k)[None, :]
         valid = listed & (ids >= 0) & (ids < experts)
         upcoming = _step_ids(topk_ptr, start + stride, sizes, BLOCKS)  # in flight while this step moves rows
         slots, keep = _claim_slots(ids, valid, cursor_ptr, sizes, team, MASKED)
