@@ -45,6 +45,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MASKED_READY = "        team = wait_peers_ready(call, team)\n        _send_rows("
 SEND = "        _send_rows(x_ptr, scales_ptr, topk_ptr, ids, recv, counts_ptr, sizes, team, BLOCKS, OPTIONS)\n"
 TICKET = 'sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1'
+NOT_SELF = "(peers < team.world_size) & (peers != team.rank)"
+READY_SELF = "        if peer != team.rank:  # no READY from itself"
 #: Each variant: (edits to kernels.py, edits to sync.py), every edit an (old, new) text pair.
 VARIANTS = {
     "current": ((), ()),
@@ -53,6 +55,8 @@ VARIANTS = {
     "no READY, no rows": (((SEND, ""), ("        team = wait_peers_ready(call, team)\n        if finish_call",
                                         "        if finish_call")), ()),
     "system-scope ticket": ((), ((TICKET, TICKET.replace('"gpu"', '"sys"')),)),
+    "READY and ARRIVED to itself too": ((), ((NOT_SELF, "peers < team.world_size"),
+                                             (READY_SELF, "        if True:  # READY from itself too"))),
 }
 
 
@@ -104,8 +108,8 @@ def main(argv=None) -> int:
     if SIMULATOR:
         raise SystemExit("moe_decode_anatomy.py times kernels in CUDA graphs: run it on a GPU")
     T, H, K, E = args.tokens, args.hidden, args.topk, args.experts
-    ctx = trident.init(heap_size=trident.ops.moe_heap_bytes(T, H, K, E, 1, torch.bfloat16, fp8_scales=True)
-                       + (256 << 20))
+    need = trident.ops.moe_heap_bytes(T, H, K, E, 1, torch.bfloat16, fp8_scales=True, layout="masked")
+    ctx = trident.init(heap_size=need + (256 << 20))
     x, x8, scales, idx, weights = inputs(ctx, T, H, K, E, seed=2)
     none = torch.full_like(idx, -1)
 

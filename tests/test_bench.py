@@ -546,6 +546,10 @@ def test_moe_decode_anatomy_variants_still_apply_to_the_kernel(tmp_path):
     assert "wait_peers_ready" not in masked["no READY, no rows"] and "_send_rows" not in masked["no READY, no rows"]
     finish = inspect.getsource(kernels["system-scope ticket"].fn.__globals__["finish_call"].fn)
     assert anatomy.TICKET.replace('"gpu"', '"sys"') in finish
+    itself = kernels["READY and ARRIVED to itself too"].fn.__globals__
+    assert "peers != team.rank" not in inspect.getsource(itself["finish_call"].fn)
+    assert "peer != team.rank" not in inspect.getsource(itself["wait_peers_ready"].fn)
+    assert "peer != team.rank" in inspect.getsource(kernels["current"].fn.__globals__["wait_peers_ready"].fn)
     if SIMULATOR:
         proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "moe_decode_anatomy.py")],
                               capture_output=True, text=True, timeout=120, env=script_env(), cwd=root)

@@ -57,6 +57,15 @@ store per peer at entry and a load per peer per program, next to the handshake's
   So when the kernel ends, every peer's writes into this rank have landed and no peer still reads
   this rank's inputs.
 
+A rank and itself. READY and ARRIVED go to the *other* ranks only. What they would tell a rank about
+itself its stream already says: its inputs of the call were written by work stream-ordered before the
+launch, and its outputs of the last call were consumed the same way; the finish ticket already
+orders its own programs' stores. So a program never waits on its own rank's READY, the last one
+never on its own ARRIVED, and at one rank the handshake is the two tickets alone. The exception
+would be an operand that programs of the launch write and others read (a staged one): peers wait
+for it through READY, and the rank's own programs read the source it was staged from instead
+(all_gather_gemm's ``a_own``), never their own staging.
+
 Forward progress. A GPU need not run all programs of a launch at once, nor start them in
 program-id order: under MPS a process has a share of the SMs, and a kernel on another stream may
 hold some of them. So a kernel whose programs wait on each other takes each program's role (and
@@ -267,7 +276,7 @@ def _announce(call, team):
     """Tell every peer where this rank's operand lies (``OFFSET[rank]``), then release
     ``READY[rank] = epoch`` there: this rank's inputs of the call are written."""
     peers = tl.arange(0, call.WORLD_BLOCK)
-    is_peer = peers < team.world_size
+    is_peer = (peers < team.world_size) & (peers != team.rank)  # this rank's own accesses follow its stream
     store(_offset_words(call, team) + team.rank + peers * 0, call.offset + peers * 0, team.rank, peers,
           team.heap_bases, mask=is_peer)
     # signal's CTA barrier and release order the offsets' stores before READY.
@@ -277,10 +286,11 @@ def _announce(call, team):
 
 @triton.jit
 def wait_peers_ready(call, team):
-    """Acquire: every peer has entered the call. Called once per program, before its first access
-    to a peer; returns the :class:`~trident.device.bundles.Team` to reach peers with. One scalar wait
-    per peer: each poll is a plain acquire load, so many programs polling the same flag do not queue
-    up behind each other as read-modify-write atomics would.
+    """Acquire: every other rank has entered the call (not this one: its stream orders its own
+    accesses, module doc). Called once per program, before its first access to a peer; returns the
+    :class:`~trident.device.bundles.Team` to reach peers with. One scalar wait per peer: each poll is
+    a plain acquire load, so many programs polling the same flag do not queue up behind each other
+    as read-modify-write atomics would.
 
     The returned team is ``team`` when every peer's operand lies at this rank's offset; otherwise
     the fault is recorded and the team maps every peer to this rank itself (module doc, "Symmetry
@@ -295,8 +305,11 @@ def wait_peers_ready(call, team):
     offsets = _offset_words(call, team)
     bases = team.heap_bases
     for peer in range(team.world_size):
-        wait(ready + peer, call.epoch, team.rank, team.rank, team.heap_bases, cmp="ge")
-        theirs = tl.load(offsets + peer)
+        if peer != team.rank:  # no READY from itself: see the module doc, "A rank and itself"
+            wait(ready + peer, call.epoch, team.rank, team.rank, team.heap_bases, cmp="ge")
+            theirs = tl.load(offsets + peer)
+        else:
+            theirs = call.offset
         if theirs != call.offset:
             ctrl = control_block(team.rank, team.heap_bases)
             if tl.load(ctrl + ERROR_COUNT, volatile=True) == 0:  # the first program to see it reports
@@ -365,7 +378,7 @@ def finish_call(call, team):
             tl.store(call.sync_ptr + _WORK + i, 0)
         tl.store(call.sync_ptr + _EPOCH, call.epoch)
         peers = tl.arange(0, call.WORLD_BLOCK)
-        is_peer = peers < team.world_size
+        is_peer = (peers < team.world_size) & (peers != team.rank)  # the ticket already ordered its own stores
         arrived = arrived_words(call, team)
         signal(arrived + team.rank + peers * 0, call.epoch, team.rank, peers, team.heap_bases, mask=is_peer)
         wait(arrived + peers, call.epoch, team.rank, team.rank, team.heap_bases, cmp="ge", mask=is_peer)
