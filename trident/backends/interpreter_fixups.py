@@ -41,6 +41,10 @@
    value, and casts from fp8 read NaN and Inf codes as numbers. The simulator converts as GPUs do
    (round to nearest even, saturating to the largest finite value, NaN kept), through torch's own
    fp8 types, so a kernel that quantizes gets the bits it gets on a GPU.
+11. Every call of a ``@triton.jit`` helper inside a kernel patches ``triton.language`` again
+   (``inspect.getmembers`` over ``tl``, ``tl.tensor`` and ``tl.math``), although the launch already
+   did and nothing undoes it before the launch ends: 45% of a MoE dispatch's time in the simulator.
+   The simulator patches each language module once per launch, with the patches Triton makes.
 """
 
 from __future__ import annotations
@@ -93,6 +97,8 @@ def apply() -> None:
         _copy_arguments_without_cycles(interpreter)
     with contextlib.suppress(AttributeError):  # casts laid out differently: leave them alone
         _convert_fp8_as_gpus_do(interpreter)
+    with contextlib.suppress(AttributeError):  # patching laid out differently: patch as Triton does
+        _patch_language_once_per_launch(interpreter)
     try:
         _install_atomic_fallbacks(interpreter)
         needed = _needs_index_fix()
@@ -342,3 +348,32 @@ def _convert_fp8_as_gpus_do(interpreter) -> None:
         return original(self, src, dst_type, rounding_mode)
 
     builder.create_fp_to_fp = create_fp_to_fp
+
+
+def _patch_language_once_per_launch(interpreter) -> None:
+    """Fix-up 11: inside a launch, ``_patch_lang`` patches only language modules the launch has not
+    patched yet; the launch's own patch (the first) is undone at its end as before."""
+    import triton.language as tl
+
+    original_patch, original_launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    languages = (tl, tl.core)
+    patched: list = [None]  # ids of the language modules the running launch has patched; None outside one
+
+    def patch_lang(fn):
+        visible = {id(v) for v in fn.__globals__.values() if any(v is lang for lang in languages)}
+        if patched[0] is not None and visible and visible <= patched[0]:
+            return interpreter._LangPatchScope()  # nothing new to patch: restoring it undoes nothing
+        scope = original_patch(fn)
+        if patched[0] is not None:
+            patched[0] |= visible
+        return scope
+
+    def launch(self, *args, **kwargs):
+        outer, patched[0] = patched[0], set()
+        try:
+            return original_launch(self, *args, **kwargs)
+        finally:
+            patched[0] = outer
+
+    interpreter._patch_lang = patch_lang
+    interpreter.GridExecutor.__call__ = launch
