@@ -556,6 +556,25 @@ def test_moe_decode_anatomy_variants_still_apply_to_the_kernel(tmp_path):
         assert proc.returncode != 0 and "run it on a GPU" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_moe_prefill_heap_reports_each_ranks_rows_capacity_and_peak(tmp_path):
+    """benchmarks/moe_prefill_heap.py (issue 31's memory figure) at two ranks in the simulator: a correct
+    combine, and per rank the capacity the prefill path took (the most rows any rank received, rounded
+    up as ``prefill_capacity`` rounds), a peak that fits the heap, and ``moe_heap_bytes`` for it."""
+    from trident.ops.moe.sizing import prefill_capacity
+
+    out = tmp_path / "heap"
+    proc = subprocess.run([sys.executable, "-m", "trident", "run", "-n", "2", "benchmarks/moe_prefill_heap.py",
+                           "--out", str(out)], capture_output=True, text=True, timeout=240, cwd=ROOT,
+                          env=script_env(TRIDENT_BACKEND="sim"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = harness.validate(json.loads((out / "moe_prefill_heap.json").read_text()))
+    rows = record["rows"]
+    assert record["all_correct"] and [r["rank"] for r in rows] == [0, 1]
+    most = max(r["received_rows"] for r in rows)
+    assert 0 < most and all(r["capacity"] == prefill_capacity(most) for r in rows), rows
+    assert all(0 < r["peak_mib"] <= r["heap_mib"] and r["predicted_mib"] > 0 for r in rows), rows
+
+
 def test_auto_table_rules_keep_a_choice_within_the_tolerance_and_start_at_zero():
     from trident.bench import auto_table
 
