@@ -12,8 +12,8 @@ inside ``ctx.heap_allocations()`` (docs/pytorch.md, "Zero copy"), so its all-red
 ``local`` is the same layer with no communication at all (what one rank alone would run): the floor
 the others are compared with (``vs_local``). On a GPU each layer's eager call is also profiled once
 (torch.profiler): ``kernels`` launched and ``copies`` among them (memcpy or copy kernels, where a
-staging copy would show). The torch layer needs NCCL (a GPU per rank); with ranks sharing a GPU only
-trident's and the local layer are timed.
+staging copy would show; the JSON's ``copy_kernels`` names them). The torch layer needs NCCL (a GPU
+per rank); with ranks sharing a GPU only trident's and the local layer are timed.
 """
 
 from __future__ import annotations
@@ -128,7 +128,11 @@ def _kernel_counts(fn, x) -> dict:
         fn(x)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return {"kernels": len(names), "copies": sum(1 for n in names if "copy" in n.lower() or n.startswith("Memcpy"))}
+    copies = [n for n in names if "copy" in n.lower() or n.startswith("Memcpy")]
+    # The copies by name (shortened), so a reader sees which they are: a staging copy would be a
+    # Memcpy DtoD or a copy kernel the no-communication layer does not launch.
+    kinds = {n[:100]: copies.count(n) for n in sorted(set(copies))}
+    return {"kernels": len(names), "copies": len(copies), "copy_kernels": kinds}
 
 
 def run(ctx, args) -> dict:
