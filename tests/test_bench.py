@@ -216,6 +216,12 @@ def test_fused_op_benchmarks_check_time_plot_and_trace(pool2, tmp_path, module, 
     for r in rows.values():
         assert r["time_ms"] > 0 and r["vs_gemm"] == pytest.approx(r["time_ms"] / rows["gemm"]["time_ms"])
         assert r["host_ms"] > 0
+        # Every trident pattern against its machinery budget: the GEMM plus its declared extra bytes
+        # at the run's copy bandwidth (torch's baseline has none).
+        assert ("vs_budget" in r) == (r["pattern"] in patterns)
+        if r["pattern"] in patterns:
+            budget = r["gemm_ms"] + r["extra_bytes"] / record["copy_bytes_per_s"] * 1e3
+            assert r["budget_ms"] == pytest.approx(budget) and r["vs_budget"] == pytest.approx(r["time_ms"] / budget)
         if "baseline" in rows:
             assert r["speedup"] == pytest.approx(rows["baseline"]["time_ms"] / r["time_ms"])
     names = {os.path.basename(f) for f in files}

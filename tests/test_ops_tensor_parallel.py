@@ -82,6 +82,30 @@ def test_one_rank_every_fused_pattern_is_the_gemm(op):
     assert_gemm_errors(get_pool(1).run(_body, op, FUSED, CASES[:2]), 2 * 2 * len(FUSED), op)
 
 
+def test_every_fused_pattern_declares_the_bytes_it_moves_beyond_its_gemm():
+    """The machinery budget the benchmarks measure against (docs/tensor-parallel-ops.md): every
+    pattern of every op declares its bytes (torch's baseline none), the fused ones nothing at one
+    rank, and the figures are the table's."""
+    from trident.ops import OPS
+
+    M, N, K, e = 4096, 2048, 1024, 2
+    for spec in OPS.values():
+        for world in (1, 2, 8):
+            for pattern in spec.patterns:
+                extra = spec.extra_bytes(pattern, (M, N, K), world, e)
+                assert (extra is None) == (pattern == "baseline"), (spec.name, pattern)
+                assert extra is None or extra >= 0
+        assert spec.extra_bytes("fused_sequential", (M, N, K), 1, e) == 0, spec.name
+    budget = {name: OPS[name].extra_bytes for name in OPS}
+    assert budget["all_gather_gemm"]("bulk_synchronous", (M, N, K), 1, e) == 2 * M * K * e  # A gathered
+    assert budget["all_gather_gemm"]("workgroup_specialized", (M, N, K), 8, e) == 2 * 7 * (M // 8) * K * e
+    assert budget["gemm_reduce_scatter"]("bulk_synchronous", (M, N, K), 1, e) == 2 * M * N * e
+    assert budget["gemm_reduce_scatter"]("workgroup_specialized", (M, N, K), 4, e) == 5 * (M // 4) * N * e
+    assert budget["gemm_all_reduce"]("fused_sequential", (M, N, K), 2, e) == 3 * M * N * e
+    assert budget["gemm_all_scatter"]("fused_sequential", (M, N, K), 8, e) == 7 * M * (N // 8) * e
+    assert budget["gemm_all_scatter"]("producer_consumer", (M, N, K), 1, e) == 0  # nothing read back alone
+
+
 @pytest.mark.parametrize("op", ["all_gather_gemm", "gemm_reduce_scatter"])
 def test_patterns_in_turn_and_with_gemm_all_scatter(pool2, op):
     """Every pattern (and auto) one after another, then gemm_all_scatter: one epoch count for all."""

@@ -24,7 +24,7 @@ from trident.ops import PATTERNS, matmul
 
 from ..platform import SIMULATOR
 from . import arguments, harness
-from .fused_ops import SIM_SHAPES, check_and_time, record_timeline, report, shape_rows
+from .fused_ops import SIM_SHAPES, budget_bandwidth, budget_for, check_and_time, record_timeline, report, shape_rows
 
 GPU_SHAPES = [(8192, 4608, 36864), (8192, 3584, 14336), (4096, 4096, 4096), (4096, 8192, 8192)]
 
@@ -51,14 +51,15 @@ def run(ctx, args) -> dict:
     patterns = [p for p in args.patterns.split(",") if p]
     with_baseline = not ctx.platform.ranks_share_gpus  # the baseline's NCCL needs a GPU per rank
     record = harness.new_record(ctx, "gemm-all-scatter", harness.params(args))
+    record["copy_bytes_per_s"] = bandwidth = budget_bandwidth(ctx, args)
     for M, N, K in shapes:
         if N % w:
             raise SystemExit(f"shape {M}x{N}x{K}: N must be divisible by the {w} ranks")
-        record["rows"] += _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline)
+        record["rows"] += _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline, bandwidth)
     return record
 
 
-def _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline) -> list[dict]:
+def _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline, bandwidth) -> list[dict]:
     """Check, then time, the GEMM alone and every pattern on one shape (collective)."""
     n = N // ctx.world_size
     gen = torch.Generator(device=ctx.device).manual_seed(1)
@@ -81,7 +82,8 @@ def _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline) -> list[dict
     times = check_and_time(ctx, args, calls, C, want, f"{M}x{N}x{K}", on_call if args.trace else None)
     ctx.free(C)
     return shape_rows(f"{M}x{N}x{K}", 2.0 * M * N * K, times,
-                      trident.ops.choose_pattern(ctx, "gemm_all_scatter", M, N, K) if "auto" in times else None)
+                      trident.ops.choose_pattern(ctx, "gemm_all_scatter", M, N, K) if "auto" in times else None,
+                      budget_for(ctx, "gemm_all_scatter", (M, N, K), dtype, bandwidth))
 
 
 def main(argv=None) -> int:

@@ -95,6 +95,22 @@ HOST_BATCH, HOST_SAMPLES = 20, 3
 BATCH_SLEEP_CYCLES = 20_000_000
 
 
+def copy_bandwidth(ctx, args, nbytes: int) -> float:
+    """Bytes per second a plain device copy of ``nbytes`` moves (read plus write) on the slowest rank
+    (collective): the memory bandwidth a benchmark's floor or budget is taken at, measured in the same
+    run as what it is compared with.
+
+    Example::
+
+        floor_us = moved_bytes / copy_bandwidth(ctx, args, 256 << 20) * 1e6
+    """
+    src = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=ctx.device)
+    dst = torch.empty_like(src)
+    ctx.barrier()
+    t = measure(ctx.platform.timing_device, lambda: dst.copy_(src), args.warmup, args.repeats)
+    return 2 * src.numel() / (max_over_ranks(ctx, t.device_ms) * 1e-3)
+
+
 def measure(device: torch.device, fn, warmup: int, repeats: int, host: bool = True) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then the median device time of ``repeats`` timed ones
     and the host time per call (:func:`host_ms_per_call`; on a GPU that calls ``fn`` another

@@ -119,16 +119,6 @@ def _graph(fn, calls: int):
     return graph
 
 
-def copy_bandwidth(ctx, args, nbytes: int) -> float:
-    """Bytes per second a plain device copy of ``nbytes`` moves (read plus write) on the slowest rank:
-    the memory bandwidth the floor is taken at, measured in the same run as the ops."""
-    src = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=ctx.device)
-    dst = torch.empty_like(src)
-    ctx.barrier()
-    t = harness.measure(ctx.platform.timing_device, lambda: dst.copy_(src), args.warmup, args.repeats)
-    return 2 * src.numel() / (harness.max_over_ranks(ctx, t.device_ms) * 1e-3)
-
-
 def _time(ctx, args, fn, row: dict, moved_bytes: int, graph: bool, floor: tuple[int, float]) -> list[dict]:
     """Rows for ``fn`` eagerly (and in a CUDA graph when ``graph``), timed on every rank at once.
     ``floor``: ``(the fewest bytes the op must read and write on this rank, the copy bandwidth)``."""
@@ -166,7 +156,7 @@ def _case(ctx, args, model: str, tokens: int) -> tuple[list[dict], bool]:
     base = {"model": model, "tokens": tokens}
     # The floor: the fewest bytes each op reads and writes (dispatch: its T rows in, every routed row out;
     # combine: every routed row in, T rows out), at the bandwidth of a same-run copy of the routed rows.
-    bandwidth = copy_bandwidth(ctx, args, routed * hidden * 2)
+    bandwidth = harness.copy_bandwidth(ctx, args, routed * hidden * 2)
     torch_path = TorchPath(ctx, experts) if ctx.platform.nccl_usable else None
     for layout in _layouts(args, tokens):
         impl = "trident" if layout == "contiguous" else f"trident {layout}"

@@ -27,7 +27,7 @@ from trident.ops import OP_PATTERNS, matmul
 
 from ..platform import SIMULATOR
 from . import arguments, harness
-from .fused_ops import SIM_SHAPES, check_and_time, record_timeline, report, shape_rows
+from .fused_ops import SIM_SHAPES, budget_bandwidth, budget_for, check_and_time, record_timeline, report, shape_rows
 
 OPS = ("all_gather_gemm", "gemm_reduce_scatter")
 GPU_SHAPES = {"all_gather_gemm": [(8192, 3584, 8192), (4096, 4096, 4096)],
@@ -76,14 +76,15 @@ def run(ctx, args) -> dict:
     with_baseline = not ctx.platform.ranks_share_gpus  # the baseline's NCCL needs a GPU per rank
     record = harness.new_record(ctx, args.op.replace("_", "-"),
                                 harness.params(args))
+    record["copy_bytes_per_s"] = bandwidth = budget_bandwidth(ctx, args)
     for M, N, K in shapes:
         if M % ctx.world_size:
             raise SystemExit(f"shape {M}x{N}x{K}: M must be divisible by the {ctx.world_size} ranks")
-        record["rows"] += _shape_rows(ctx, args, op, M, N, K, dtype, patterns, with_baseline)
+        record["rows"] += _shape_rows(ctx, args, op, M, N, K, dtype, patterns, with_baseline, bandwidth)
     return record
 
 
-def _shape_rows(ctx, args, op, M, N, K, dtype, patterns, with_baseline) -> list[dict]:
+def _shape_rows(ctx, args, op, M, N, K, dtype, patterns, with_baseline, bandwidth) -> list[dict]:
     """Check, then time, the GEMM alone and every pattern on one shape (collective)."""
     inputs, out, (A, B), want = _operands(ctx, args.op, M, N, K, dtype)
     reference = torch.empty(M, N, device=ctx.device, dtype=dtype)
@@ -100,7 +101,8 @@ def _shape_rows(ctx, args, op, M, N, K, dtype, patterns, with_baseline) -> list[
 
     times = check_and_time(ctx, args, calls, out, want, f"{M}x{N}x{K}", on_call if args.trace else None)
     return shape_rows(f"{M}x{N}x{K}", 2.0 * M * N * K, times,
-                      trident.ops.choose_pattern(ctx, args.op, M, N, K) if "auto" in times else None)
+                      trident.ops.choose_pattern(ctx, args.op, M, N, K) if "auto" in times else None,
+                      budget_for(ctx, args.op, (M, N, K), dtype, bandwidth))
 
 
 def main(argv=None) -> int:

@@ -60,6 +60,10 @@ class OpSpec:
             others are run again with the first call's decisions.
         zero_when_k_is_zero: whether a call with K == 0 only zeroes C (the ops whose C is a plain
             product); the partial-sum ops run their collective all the same.
+        extra_bytes: ``extra_bytes(pattern, (M, N, K), world_size, element_size)``: the bytes a
+            pattern reads and writes on one rank beyond its GEMM (its machinery budget, in
+            docs/tensor-parallel-ops.md), ``(M, N, K)`` being the op's whole product as its
+            benchmark names it; None for ``baseline`` (torch's, not trident's).
     """
 
     name: str
@@ -69,6 +73,7 @@ class OpSpec:
     shared_gpu_pattern: str = "fused_sequential"
     replayable: frozenset[str] = frozenset()
     zero_when_k_is_zero: bool = False
+    extra_bytes: Callable[[str, tuple[int, int, int], int, int], int | None] = lambda *_: None
 
     @property
     def pattern_names(self) -> tuple[str, ...]:

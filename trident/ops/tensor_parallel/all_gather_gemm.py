@@ -141,6 +141,17 @@ def _baseline(call: FusedCall) -> None:
     torch.matmul(a_full, call.B, out=call.C)
 
 
+def _extra_bytes(pattern: str, shape: tuple[int, int, int], world_size: int, element_size: int) -> int | None:
+    """Bytes a pattern moves on one rank beyond its GEMM (``shape``: C's M x N and K; A_local is
+    M/W x K): ``bulk_synchronous`` gathers all of A into a local buffer (each row read and written
+    once, its own rows too), ``workgroup_specialized`` copies the peers' rows only, and
+    ``fused_sequential`` reads peers' rows in place, in its K loop (A_local on the heap: a plain
+    one is staged first, ``2 M/W K`` bytes more)."""
+    M, _, K = shape
+    rows = {"bulk_synchronous": M, "workgroup_specialized": M - M // world_size, "fused_sequential": 0}.get(pattern)
+    return None if rows is None else 2 * rows * K * element_size
+
+
 #: The op: its patterns, ``auto`` table and communication programs.
 ALL_GATHER_GEMM = OpSpec(
     name="all_gather_gemm",
@@ -149,7 +160,8 @@ ALL_GATHER_GEMM = OpSpec(
     auto_table=AUTO_TABLE,
     gpu_comm_programs=lambda world_size: GPU_COMM_PROGRAMS,
     replayable=frozenset({"fused_sequential", "workgroup_specialized"}),
-    zero_when_k_is_zero=True)
+    zero_when_k_is_zero=True,
+    extra_bytes=_extra_bytes)
 #: Every value of ``pattern``.
 PATTERNS = ALL_GATHER_GEMM.pattern_names
 

@@ -59,9 +59,16 @@ def _baseline(call: FusedCall) -> None:
     dist.all_reduce(call.C)
 
 
+def _collective_elements(M: int, N: int, world_size: int) -> int:
+    """What ``bulk_synchronous`` reads and writes after the matmul: its one-shot all-reduce reads
+    every rank's partial and writes the sum (a two-shot one about as much), then the copy into C."""
+    return (world_size + 1) * M * N + 2 * M * N
+
+
 #: The op: its patterns (the fused ones push every partial tile to every rank), ``auto`` table and
 #: communication programs.
-GEMM_ALL_REDUCE = partial_product_spec("gemm_all_reduce", _bulk_synchronous, _baseline, AUTO_TABLE, to_every_rank=True)
+GEMM_ALL_REDUCE = partial_product_spec("gemm_all_reduce", _bulk_synchronous, _baseline, AUTO_TABLE, to_every_rank=True,
+                                       collective_elements=_collective_elements)
 #: Every value of ``pattern``.
 PATTERNS = GEMM_ALL_REDUCE.pattern_names
 

@@ -165,6 +165,19 @@ def _baseline(call: FusedCall) -> None:
     C.view(C.shape[0], ctx.world_size, -1).copy_(blocks.permute(1, 0, 2))
 
 
+def _extra_bytes(pattern: str, shape: tuple[int, int, int], world_size: int, element_size: int) -> int | None:
+    """Bytes a pattern moves on one rank beyond the GEMM of its ``M x N/W`` column block (``shape``:
+    M x N x K, N every rank's columns): its block into every peer's C, and for all but
+    ``fused_sequential`` each tile read back from the local C first; nothing at one rank."""
+    M, N, _ = shape
+    block = M * (N // world_size) * element_size
+    if pattern == "fused_sequential":
+        return (world_size - 1) * block
+    if pattern in ("bulk_synchronous", "producer_consumer", "workgroup_specialized"):
+        return world_size * block if world_size > 1 else 0  # the read-back, then W - 1 stores
+    return None
+
+
 #: The op: its patterns (in the order the docs list them), ``auto`` table and communication programs.
 GEMM_ALL_SCATTER = OpSpec(
     name="gemm_all_scatter",
@@ -174,7 +187,8 @@ GEMM_ALL_SCATTER = OpSpec(
     auto_table=AUTO_TABLE,
     gpu_comm_programs=gpu_comm_programs,
     replayable=frozenset({"bulk_synchronous", "fused_sequential", "workgroup_specialized"}),
-    zero_when_k_is_zero=True)
+    zero_when_k_is_zero=True,
+    extra_bytes=_extra_bytes)
 #: Every value of ``pattern``.
 PATTERNS = GEMM_ALL_SCATTER.pattern_names
 

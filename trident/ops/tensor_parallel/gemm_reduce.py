@@ -18,7 +18,7 @@ own ``bulk_synchronous`` and ``baseline``.
 Example::
 
     GEMM_ALL_REDUCE = partial_product_spec("gemm_all_reduce", _bulk_synchronous, _baseline, AUTO_TABLE,
-                                           to_every_rank=True)
+                                           to_every_rank=True, collective_elements=_collective_elements)
 """
 
 from __future__ import annotations
@@ -137,8 +137,24 @@ def push_and_sum(call: FusedCall, to_every_rank: bool) -> None:
     ), tile_as_tuple=True, USE_TMA=use_tma, TO_EVERY_RANK=to_every_rank)
 
 
+def partial_product_extra_bytes(to_every_rank: bool, collective_elements: Callable[[int, int, int], int]):
+    """The op's ``extra_bytes`` (:class:`OpSpec`): ``collective_elements(M, N, W)`` is what its
+    ``bulk_synchronous`` moves after the matmul; the fused patterns move nothing at one rank and
+    else read the W - 1 peers' slots, then read and write C once (``rows x N``, rows the rows a rank keeps)."""
+    def extra_bytes(pattern: str, shape: tuple[int, int, int], world_size: int, element_size: int) -> int | None:
+        M, N, _ = shape
+        rows = M if to_every_rank else M // world_size
+        if pattern == "bulk_synchronous":
+            return collective_elements(M, N, world_size) * element_size
+        if pattern in ("fused_sequential", "workgroup_specialized"):
+            return (world_size + 1) * rows * N * element_size if world_size > 1 else 0
+        return None
+    return extra_bytes
+
+
 def partial_product_spec(name: str, bulk_synchronous: Callable[[FusedCall], None],
-                         baseline: Callable[[FusedCall], None], auto_table: AutoTable, to_every_rank: bool) -> OpSpec:
+                         baseline: Callable[[FusedCall], None], auto_table: AutoTable, to_every_rank: bool,
+                         collective_elements: Callable[[int, int, int], int]) -> OpSpec:
     """The :class:`OpSpec` of a partial-product op: its own ``bulk_synchronous`` and ``baseline``,
     and the fused patterns here (:func:`push_then_sum`, :func:`push_and_sum`) told ``to_every_rank``.
 
@@ -147,11 +163,14 @@ def partial_product_spec(name: str, bulk_synchronous: Callable[[FusedCall], None
         bulk_synchronous, baseline: the op's patterns of those names (a library collective, NCCL).
         auto_table: the op's measured ``auto`` choices.
         to_every_rank: every rank keeps all M rows of the sum (all-reduce), else only its own (reduce-scatter).
+        collective_elements: ``(M, N, world_size)`` -> the elements ``bulk_synchronous`` reads and writes
+            after its matmul (:func:`partial_product_extra_bytes`).
 
     Example::
 
         GEMM_REDUCE_SCATTER = partial_product_spec("gemm_reduce_scatter", _bulk_synchronous, _baseline,
-                                                   AUTO_TABLE, to_every_rank=False)
+                                                   AUTO_TABLE, to_every_rank=False,
+                                                   collective_elements=_collective_elements)
     """
     return OpSpec(
         name=name,
@@ -161,4 +180,5 @@ def partial_product_spec(name: str, bulk_synchronous: Callable[[FusedCall], None
                   "baseline": baseline},
         auto_table=auto_table,
         gpu_comm_programs=lambda world_size: GPU_COMM_PROGRAMS,
-        replayable=frozenset({"fused_sequential", "workgroup_specialized"}))
+        replayable=frozenset({"fused_sequential", "workgroup_specialized"}),
+        extra_bytes=partial_product_extra_bytes(to_every_rank, collective_elements))

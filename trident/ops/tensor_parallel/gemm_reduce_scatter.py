@@ -54,10 +54,16 @@ def _baseline(call: FusedCall) -> None:
     reduce_scatter_into(call.C, torch.matmul(call.A, call.B))
 
 
+def _collective_elements(M: int, N: int, world_size: int) -> int:
+    """What ``bulk_synchronous``'s reduce-scatter reads and writes after the matmul: every rank's
+    partial of my rows (all M x N of the partials, over the W ranks), then my M/W rows of C."""
+    return M * N + M // world_size * N
+
+
 #: The op: its patterns (the fused ones push each partial tile to the rank that keeps its rows),
 #: ``auto`` table and communication programs.
 GEMM_REDUCE_SCATTER = partial_product_spec("gemm_reduce_scatter", _bulk_synchronous, _baseline, AUTO_TABLE,
-                                           to_every_rank=False)
+                                           to_every_rank=False, collective_elements=_collective_elements)
 #: Every value of ``pattern``.
 PATTERNS = GEMM_REDUCE_SCATTER.pattern_names
 
