@@ -67,10 +67,7 @@ for tma in (True, False):
              dict(TILE, BLOCK_K=BK, USE_TMA=tma, C_TMA=False, SUBTILE=False, FLATTEN=tma and not cut))
     gemm = {**ab(tma), **SIZES}
     case(f"fused_sequential tma={tma}", G.fused_sequential_kernel, {**gemm, **sync(not tma), **WORLD},
-         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8, FLATTEN=False))
-    if tma:  # untraced with the table's flattening: its stores unrolled over the ranks, so the loop flattens
-        case("fused_sequential tma=True flattened", G.fused_sequential_kernel, {**gemm, **sync(False), **WORLD},
-             dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8, FLATTEN=True))
+         dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8))
     if not tma:
         continue  # the pointer path of the pattern kernels is the same tile_dot as fused_sequential's
     case(f"workgroup_specialized tma={tma}", G.workgroup_specialized_kernel,
@@ -89,11 +86,9 @@ for wait in (True, False):
 # A plain A_local is staged by the kernel (source given), a heap one is read in place (source None).
 agg = {"a_local": "*bf16", "source": "*bf16", "b": "*bf16", "c": "*bf16", **SIZES}
 case("all_gather_gemm pull tma=False", AG.pull_kernel, {**agg, **sync(False), **WORLD},
-     dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8, FLATTEN=False))
+     dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
 case("all_gather_gemm pull heap A_local", AG.pull_kernel, {**agg, "source": "constexpr", **sync(False), **WORLD},
-     dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8, FLATTEN=False))
-case("all_gather_gemm pull flattened", AG.pull_kernel, {**agg, "source": "constexpr", **sync(False), **WORLD},
-     dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8, FLATTEN=True))
+     dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
 case("all_gather_gemm gather tma=False", AG.gather_gemm_kernel,
      {**agg, "a_full": "*bf16", "gather_programs": "i32", **sync(True), **WORLD},
      dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
@@ -127,7 +122,7 @@ print(json.dumps(results))
 @pytest.mark.sm90_child(CHILD)
 def test_ops_kernels_compile_for_sm90_with_tma_and_wgmma(tmp_path):
     results = run_child(CHILD, tmp_path)
-    assert len(results) == 26
+    assert len(results) == 24
     failed = {k: v["error"] for k, v in results.items() if not v["ok"]}
     assert not failed, failed
     too_big = {k: v["shared"] for k, v in results.items() if v["shared"] > HOPPER_SHARED_BYTES}

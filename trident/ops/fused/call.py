@@ -133,12 +133,6 @@ class FusedCall:
         return None if self.trace is None else self.trace.ptr
 
     @property
-    def flatten(self) -> bool:
-        """A kernel's ``FLATTEN``: the config's loop flattening, off while tracing (Triton 3.6 cannot
-        flatten a loop holding the trace's conditional store)."""
-        return self.cfg.flatten and self.trace is None
-
-    @property
     def world_block(self) -> int:
         """The world size rounded up to a power of two (a kernel's ``WORLD_BLOCK``)."""
         return triton.next_power_of_2(self.ctx.world_size)

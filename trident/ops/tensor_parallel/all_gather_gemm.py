@@ -110,7 +110,7 @@ def _fused_sequential(call: FusedCall) -> None:
         a_local, source, call.B, call.C, *_sizes(call, a_local),
         call.sync(), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-    ), FLATTEN=call.flatten)
+    ))
 
 
 def _workgroup_specialized(call: FusedCall) -> None:

@@ -47,16 +47,15 @@ def pull_kernel(
         sync_ptr, trace_ptr,                            # the sync block; the trace buffer or None
         rank, world_size, heap_bases,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-        WORLD_BLOCK: tl.constexpr, FLATTEN: tl.constexpr):
-    """fused_sequential: one persistent kernel; each tile multiplies rows of A read from their owner
-    (``FLATTEN``: the tile loop fused with the K loop, as the matmul's)."""
+        WORLD_BLOCK: tl.constexpr):
+    """fused_sequential: one persistent kernel; each tile multiplies rows of A read from their owner."""
     TRACE: tl.constexpr = trace_ptr is not None
     team = Team(rank, world_size, heap_bases)
     m, N = shape[0], shape[1]
     call, _, a_own = _enter(sync_ptr, a_local, source, shape, team, WORLD_BLOCK)
     team = wait_peers_ready(call, team)
     tiles = world_size * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=FLATTEN):
+    for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
         t0 = trace.now_if(TRACE)
         src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
         a_src = tl.where(src == rank, a_own, translate(a_local, rank, src, team.heap_bases))  # src's A_local

@@ -114,7 +114,7 @@ def _fused_sequential(call: FusedCall) -> None:
         *args,
         call.sync(), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-    ), USE_TMA=use_tma, FLATTEN=call.flatten)
+    ), USE_TMA=use_tma)
 
 
 def _workgroup_specialized(call: FusedCall) -> None:

@@ -48,16 +48,6 @@ def scatter_tile(c, offs, mask, values, tile, trace_ptr, team, FIRST: tl.constex
 
 
 @triton.jit
-def store_everywhere(ptrs, values, team, mask, WORLD_BLOCK: tl.constexpr):
-    """Store ``values`` at ``ptrs`` in every rank's heap, this rank's first: unrolled over
-    ``WORLD_BLOCK`` (>= world size) with the ranks past the world masked off, so the loop holding it
-    has no inner loop or branch and can be flattened."""
-    for i in tl.static_range(WORLD_BLOCK):
-        peer = (team.rank + i) % team.world_size
-        store(ptrs, values, team.rank, peer, team.heap_bases, mask=mask & (i < team.world_size))
-
-
-@triton.jit
 def produce_tiles(first, step, gemm, out, call, team, trace_ptr):
     """GEMM tiles ``first, first + step, ...`` into the local ``C``, each tile's flag released when written."""
     TRACE: tl.constexpr = trace_ptr is not None
@@ -117,12 +107,8 @@ def fused_sequential_kernel(
         sync_ptr, trace_ptr,                            # the sync block; the trace buffer or None
         rank, world_size, heap_bases,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-        USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr, FLATTEN: tl.constexpr):
-    """One persistent kernel: each tile is computed, then stored straight into every rank's ``C``.
-
-    ``FLATTEN`` fuses the tile loop with the K loop (as the matmul's, so the next tile's loads
-    overlap this tile's stores); traced, the stores go through :func:`scatter_tile`'s loop, which
-    Triton 3.6 cannot flatten."""
+        USE_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
+    """One persistent kernel: each tile is computed, then stored straight into every rank's ``C``."""
     TRACE: tl.constexpr = trace_ptr is not None
     team = Team(rank, world_size, heap_bases)
     gemm = Gemm(a, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
@@ -131,17 +117,14 @@ def fused_sequential_kernel(
     team = wait_peers_ready(call, team)
     num_pid_m = tl.cdiv(gemm.M, BLOCK_M)
     num_pid_n = tl.cdiv(gemm.N, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0), flatten=FLATTEN):
+    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
         t0 = trace.now_if(TRACE)
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
         acc = tile_dot(gemm, pid_m, pid_n)
         values = acc.to(c.dtype.element_ty)
         trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
         offs, mask = output_tile(out, pid_m, pid_n)
-        if TRACE:
-            scatter_tile(c, offs, mask, values, tile, trace_ptr, team, 0)
-        else:
-            store_everywhere(c + offs, values, team, mask, WORLD_BLOCK)
+        scatter_tile(c, offs, mask, values, tile, trace_ptr, team, 0)
     finish_call(call, team)
 
 
