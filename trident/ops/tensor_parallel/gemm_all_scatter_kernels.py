@@ -94,9 +94,31 @@ def consume_tiles(first, step, out, call, team, trace_ptr, WAIT_FLAGS: tl.conste
                 tile = chunk + i * step
                 if tile < tiles:
                     pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, out.GROUP_M)
-                    offs, mask = output_tile(out, pid_m, pid_n)
-                    values = tl.load(out.c + offs, mask=mask)
-                    scatter_tile(out.c, offs, mask, values, tile, trace_ptr, team, 1)
+                    send_tile(out, pid_m, pid_n, tile, trace_ptr, team)
+
+
+#: Rows of a tile :func:`send_tile` copies at a time. A whole tile's element offsets and values take
+#: about 300 registers per thread; a kernel that also holds a GEMM then spills, and the compiler
+#: pays for it inside the GEMM's K loop too (it recomputes values there to free registers).
+SEND_ROWS = tl.constexpr(32)
+
+
+@triton.jit
+def send_tile(out, pid_m, pid_n, tile, trace_ptr, team):
+    """Copy tile ``(pid_m, pid_n)`` of the local column block ``out`` into every peer's ``C`` (the
+    next rank first), :data:`SEND_ROWS` rows at a time (or the tile's, if fewer); one trace event per peer."""
+    TRACE: tl.constexpr = trace_ptr is not None
+    ROWS: tl.constexpr = out.BLOCK_M if out.BLOCK_M < SEND_ROWS else SEND_ROWS
+    rn = pid_n * out.BLOCK_N + tl.arange(0, out.BLOCK_N)
+    for i in range(1, team.world_size):
+        peer = (team.rank + i) % team.world_size
+        t0 = trace.now_if(TRACE)
+        for row in tl.range(pid_m * out.BLOCK_M, pid_m * out.BLOCK_M + out.BLOCK_M, ROWS):
+            rm = row + tl.arange(0, ROWS)
+            offs = rm.to(tl.int64)[:, None] * out.stride_cm + rn[None, :] * out.stride_cn
+            mask = (rm < out.M)[:, None] & (rn < out.N)[None, :]
+            store(out.c + offs, tl.load(out.c + offs, mask=mask), team.rank, peer, team.heap_bases, mask=mask)
+        trace.record(trace_ptr, trace.COMM, tile, peer, t0, team.rank, TRACE)
 
 
 @triton.jit

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from ... import trace
-from ...device import signal, store, wait
+from ...device import signal, store, translate, wait
 from ...device.bundles import Gemm, Team
 from ..fused.sync import enter_call, finish_call, flag_words, wait_peers_ready
 from ..gemm.tiles import shard_tile, tile_coords, tile_dot, tile_dot_range, tile_offsets
@@ -64,12 +64,11 @@ def push_tiles(first, step, gemm, slots, c, m, flags_ptr, epoch, trace_ptr, team
         acc = tile_dot_range(gemm, row0, pid_n * BLOCK_N, 0, tl.cdiv(gemm.K, gemm.BLOCK_K))
         trace.record(trace_ptr, trace.COMPUTE, tile, owner, t0, rank, TRACE)
         t0 = trace.now_if(TRACE)
+        # One store, to my C or to my slot at the owner: a tile's addresses are computed once, as they are stored.
+        mine = slots + tl.cast(rank, tl.int64) * m * N  # my slot, at the same offset in every rank's heap
+        base = tl.where(owner == rank, c, translate(mine, rank, owner, team.heap_bases))
         offs, mask = tile_offsets(pid_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)
-        if owner == rank:
-            tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
-        else:
-            mine = slots + tl.cast(rank, tl.int64) * m * N  # my slot, at the same offset in every rank's heap
-            store(mine + offs, acc.to(slots.dtype.element_ty), rank, owner, team.heap_bases, mask=mask)
+        tl.store(base + offs, acc.to(c.dtype.element_ty), mask=mask)
         if flags_ptr is not None:
             signal(flags_ptr + rank * per_shard + tile % per_shard, epoch, rank, owner, team.heap_bases)
         trace.record(trace_ptr, trace.COMM, tile, owner, t0, rank, TRACE)
@@ -165,6 +164,11 @@ def reduce_slots_kernel(slots, c, m, N, rank, world_size, BLOCK: tl.constexpr):
         sum_slots(slots, c, offs, offs < m * N, m, N, rank, world_size)
 
 
+#: Rows of a tile a reducer sums at a time: a whole tile's offsets and fp32 sums would take most of a
+#: thread's registers, and the GEMM programs of the same kernel would pay for them (spills).
+SUM_ROWS = tl.constexpr(32)
+
+
 @triton.jit
 def reduce_flagged_tiles(first, step,
                          slots, c, rows, N,               # my W slots and C (rows x N, contiguous)
@@ -180,6 +184,7 @@ def reduce_flagged_tiles(first, step,
     num_pid_m = tl.cdiv(rows, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     sources = tl.arange(0, call.WORLD_BLOCK)
+    ROWS: tl.constexpr = BLOCK_M if BLOCK_M < SUM_ROWS else SUM_ROWS
     for tile in tl.range(first, num_pid_m * num_pid_n, step):
         t0 = trace.now_if(TRACE)
         wait(flags + sources * (num_pid_m * num_pid_n) + tile, call.epoch, rank, rank, team.heap_bases, cmp="ge",
@@ -187,8 +192,11 @@ def reduce_flagged_tiles(first, step,
         trace.record(trace_ptr, trace.WAIT, tile, rank, t0, rank, TRACE)
         t0 = trace.now_if(TRACE)
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        offs, mask = tile_offsets(pid_m, pid_n, rows, N, N, 1, BLOCK_M, BLOCK_N)
-        sum_slots(slots, c, offs, mask, rows, N, rank, team.world_size)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        for row in tl.range(pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, ROWS):  # a few rows at a time
+            rm = row + tl.arange(0, ROWS)
+            offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
+            sum_slots(slots, c, offs, (rm < rows)[:, None] & (rn < N)[None, :], rows, N, rank, team.world_size)
         trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
 
 
