@@ -194,6 +194,20 @@ def _fused_bench(ctx, module, argv, out):
     return record, files
 
 
+def test_fused_op_benchmarks_size_their_heap_from_their_shapes():
+    """Four of the largest operand or product per rank, not a fixed 8 GiB: eight ranks sharing one
+    GPU ran out of memory with that (2026-12-07, gemm-reduce-scatter -n 8 --mps)."""
+    import argparse
+
+    from trident.bench import harness
+    from trident.bench.fused_ops import heap_bytes, shapes_of
+
+    args = argparse.Namespace(shapes="64x32x128,16x64x8")
+    assert shapes_of(args, True, [(1, 2, 3)]) == [(64, 32, 128), (16, 64, 8)]
+    assert shapes_of(argparse.Namespace(shapes=None), False, [(1, 2, 3)]) == [(1, 2, 3)]
+    assert heap_bytes(shapes_of(args, True, []), "float32") == harness.heap_for(4 * 64 * 128 * 4)
+
+
 @pytest.mark.parametrize("module,argv,patterns", [
     ("gemm_all_scatter", [], {"bulk_synchronous", "producer_consumer", "fused_sequential", "workgroup_specialized"}),
     ("tensor_parallel", ["--op", "all_gather_gemm"], {"bulk_synchronous", "fused_sequential",

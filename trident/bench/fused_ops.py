@@ -30,6 +30,23 @@ SIM_SHAPES = [(64, 64, 64)]
 BUDGET_COPY_BYTES = 256 << 20
 
 
+def shapes_of(args, simulator: bool, gpu_shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The shapes a run times: ``--shapes`` (``MxNxK,...``), else :data:`SIM_SHAPES` in the simulator
+    and ``gpu_shapes`` on a GPU."""
+    if args.shapes:
+        sizes = [[int(x) for x in shape.split("x")] for shape in args.shapes.split(",")]
+        return [(M, N, K) for M, N, K in sizes]
+    return SIM_SHAPES if simulator else gpu_shapes
+
+
+def heap_bytes(shapes: list[tuple[int, int, int]], dtype: str) -> int:
+    """The heap a fused-op benchmark takes per rank: four times its largest operand or product (C on
+    the heap, the partial-sum slots, the collectives' input buffer, A_local), so that eight ranks
+    sharing one GPU fit where a fixed 8 GiB each did not."""
+    element_size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return harness.heap_for(4 * max(max(M * N, M * K) for M, N, K in shapes) * element_size)
+
+
 def _err(C: torch.Tensor, want: torch.Tensor) -> float:
     return float((C.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
 

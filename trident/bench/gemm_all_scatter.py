@@ -24,7 +24,16 @@ from trident.ops import PATTERNS, matmul
 
 from ..platform import SIMULATOR
 from . import arguments, harness
-from .fused_ops import SIM_SHAPES, budget_bandwidth, budget_for, check_and_time, record_timeline, report, shape_rows
+from .fused_ops import (
+    budget_bandwidth,
+    budget_for,
+    check_and_time,
+    heap_bytes,
+    record_timeline,
+    report,
+    shape_rows,
+    shapes_of,
+)
 
 GPU_SHAPES = [(8192, 4608, 36864), (8192, 3584, 14336), (4096, 4096, 4096), (4096, 8192, 8192)]
 
@@ -46,8 +55,7 @@ def run(ctx, args) -> dict:
     """Time every pattern on every shape (collective); returns the record on every rank."""
     dtype = getattr(torch, args.dtype)
     w = ctx.world_size
-    shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes
-              else SIM_SHAPES if ctx.platform.simulator else GPU_SHAPES)
+    shapes = shapes_of(args, ctx.platform.simulator, GPU_SHAPES)
     patterns = [p for p in args.patterns.split(",") if p]
     with_baseline = not ctx.platform.ranks_share_gpus  # the baseline's NCCL needs a GPU per rank
     record = harness.new_record(ctx, "gemm-all-scatter", harness.params(args))
@@ -91,7 +99,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if SIMULATOR:
         args.repeats, args.warmup = 2, 1
-    harness.run_benchmark(args, run, report, (64 << 20) if SIMULATOR else 8 << 30)
+    harness.run_benchmark(args, run, report, heap_bytes(shapes_of(args, SIMULATOR, GPU_SHAPES), args.dtype))
     return 0
 
 

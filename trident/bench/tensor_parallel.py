@@ -27,7 +27,16 @@ from trident.ops import OP_PATTERNS, matmul
 
 from ..platform import SIMULATOR
 from . import arguments, harness
-from .fused_ops import SIM_SHAPES, budget_bandwidth, budget_for, check_and_time, record_timeline, report, shape_rows
+from .fused_ops import (
+    budget_bandwidth,
+    budget_for,
+    check_and_time,
+    heap_bytes,
+    record_timeline,
+    report,
+    shape_rows,
+    shapes_of,
+)
 
 OPS = ("all_gather_gemm", "gemm_reduce_scatter")
 GPU_SHAPES = {"all_gather_gemm": [(8192, 3584, 8192), (4096, 4096, 4096)],
@@ -70,8 +79,7 @@ def run(ctx, args) -> dict:
     """Time every pattern of ``args.op`` on every shape (collective); returns the record on every rank."""
     dtype = getattr(torch, args.dtype)
     op = getattr(trident.ops, args.op)
-    shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes
-              else SIM_SHAPES if ctx.platform.simulator else GPU_SHAPES[args.op])
+    shapes = shapes_of(args, ctx.platform.simulator, GPU_SHAPES[args.op])
     patterns = [p for p in (args.patterns or ",".join(OP_PATTERNS[args.op])).split(",") if p]
     with_baseline = not ctx.platform.ranks_share_gpus  # the baseline's NCCL needs a GPU per rank
     record = harness.new_record(ctx, args.op.replace("_", "-"),
@@ -112,7 +120,7 @@ def main(argv=None) -> int:
         args.repeats, args.warmup = 2, 1
     what = {"all_gather_gemm": "all-gather + GEMM", "gemm_reduce_scatter": "GEMM + reduce-scatter"}[args.op]
     harness.run_benchmark(args, run, lambda record, out: report(record, out, args.op, what),
-                          (64 << 20) if SIMULATOR else 8 << 30)
+                          heap_bytes(shapes_of(args, SIMULATOR, GPU_SHAPES[args.op]), args.dtype))
     return 0
 
 
