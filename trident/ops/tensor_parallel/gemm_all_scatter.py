@@ -36,9 +36,13 @@ from . import gemm_all_scatter_kernels as kernels
 #: where nothing applies ``auto`` runs ``baseline``. One H200, one rank: ``bulk_synchronous`` was the
 #: fastest pattern or within 0.5% of it at all four default shapes, 2-19% ahead of ``baseline``
 #: (``trident bench gemm-all-scatter -n 1``, docs/results/h200-2026-12-04/gas_1.json). One H100, one
-#: rank: the same, 2-19% ahead of ``baseline`` (docs/results/h100-2026-12-05/gemm_all_scatter_1).
-AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {("H200", 1): [(0, "bulk_synchronous")],
-                                                            ("H100", 1): [(0, "bulk_synchronous")]}
+#: rank, since the consumers send tiles in row chunks (docs/results/h100-2026-12-07e): ``fused_sequential``
+#: the fastest or within 0.6% of it on the four default shapes (``bulk_synchronous`` 2.7% behind at
+#: 8192x3584x14336), ``producer_consumer`` 0.2% ahead of it on the largest.
+AUTO_TABLE: dict[tuple[str, int], list[tuple[int, str]]] = {
+    ("H200", 1): [(0, "bulk_synchronous")],
+    ("H100", 1): [(8192 * 4608 * 36864, "producer_consumer"), (0, "fused_sequential")],  # h100-2026-12-07e
+}
 
 
 def gpu_comm_programs(world_size: int) -> int:
