@@ -23,17 +23,8 @@ import trident
 from trident.ops import PATTERNS, matmul
 
 from ..platform import SIMULATOR
-from . import arguments, harness
-from .fused_ops import (
-    budget_bandwidth,
-    budget_for,
-    check_and_time,
-    heap_bytes,
-    record_timeline,
-    report,
-    shape_rows,
-    shapes_of,
-)
+from . import arguments, fused_ops, harness
+from .fused_ops import report
 
 GPU_SHAPES = [(8192, 4608, 36864), (8192, 3584, 14336), (4096, 4096, 4096), (4096, 8192, 8192)]
 
@@ -55,11 +46,11 @@ def run(ctx, args) -> dict:
     """Time every pattern on every shape (collective); returns the record on every rank."""
     dtype = getattr(torch, args.dtype)
     w = ctx.world_size
-    shapes = shapes_of(args, ctx.platform.simulator, GPU_SHAPES)
+    shapes = fused_ops.shapes_of(args, ctx.platform.simulator, GPU_SHAPES)
     patterns = [p for p in args.patterns.split(",") if p]
     with_baseline = not ctx.platform.ranks_share_gpus  # the baseline's NCCL needs a GPU per rank
     record = harness.new_record(ctx, "gemm-all-scatter", harness.params(args))
-    record["copy_bytes_per_s"] = bandwidth = budget_bandwidth(ctx, args)
+    record["copy_bytes_per_s"] = bandwidth = fused_ops.budget_bandwidth(ctx, args)
     for M, N, K in shapes:
         if N % w:
             raise SystemExit(f"shape {M}x{N}x{K}: N must be divisible by the {w} ranks")
@@ -83,15 +74,15 @@ def _shape_rows(ctx, args, M, N, K, dtype, patterns, with_baseline, bandwidth) -
         calls[p] = lambda p=p: trident.ops.gemm_all_scatter(ctx, A, B_local, C, pattern=p,
                                                             comm_programs=args.comm_programs)
     def on_call(name):  # --trace: one traced call of the pattern
-        record_timeline(ctx, args, lambda trace: trident.ops.gemm_all_scatter(
+        fused_ops.record_timeline(ctx, args, lambda trace: trident.ops.gemm_all_scatter(
             ctx, A, B_local, C, pattern=name, comm_programs=args.comm_programs, trace=trace),
             name, f"{M}x{N}x{K}")
 
-    times = check_and_time(ctx, args, calls, C, want, f"{M}x{N}x{K}", on_call if args.trace else None)
+    times = fused_ops.check_and_time(ctx, args, calls, C, want, f"{M}x{N}x{K}", on_call if args.trace else None)
     ctx.free(C)
-    return shape_rows(f"{M}x{N}x{K}", 2.0 * M * N * K, times,
-                      trident.ops.choose_pattern(ctx, "gemm_all_scatter", M, N, K) if "auto" in times else None,
-                      budget_for(ctx, "gemm_all_scatter", (M, N, K), dtype, bandwidth))
+    chosen = trident.ops.choose_pattern(ctx, "gemm_all_scatter", M, N, K) if "auto" in times else None
+    return fused_ops.shape_rows(f"{M}x{N}x{K}", 2.0 * M * N * K, times, chosen,
+                                fused_ops.budget_for(ctx, "gemm_all_scatter", (M, N, K), dtype, bandwidth))
 
 
 def main(argv=None) -> int:
@@ -99,7 +90,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if SIMULATOR:
         args.repeats, args.warmup = 2, 1
-    harness.run_benchmark(args, run, report, heap_bytes(shapes_of(args, SIMULATOR, GPU_SHAPES), args.dtype))
+    heap = fused_ops.heap_bytes(fused_ops.shapes_of(args, SIMULATOR, GPU_SHAPES), args.dtype)
+    harness.run_benchmark(args, run, report, heap)
     return 0
 
 

@@ -26,17 +26,8 @@ import trident
 from trident.ops import OP_PATTERNS, matmul
 
 from ..platform import SIMULATOR
-from . import arguments, harness
-from .fused_ops import (
-    budget_bandwidth,
-    budget_for,
-    check_and_time,
-    heap_bytes,
-    record_timeline,
-    report,
-    shape_rows,
-    shapes_of,
-)
+from . import arguments, fused_ops, harness
+from .fused_ops import report
 
 OPS = ("all_gather_gemm", "gemm_reduce_scatter")
 GPU_SHAPES = {"all_gather_gemm": [(8192, 3584, 8192), (4096, 4096, 4096)],
@@ -79,12 +70,12 @@ def run(ctx, args) -> dict:
     """Time every pattern of ``args.op`` on every shape (collective); returns the record on every rank."""
     dtype = getattr(torch, args.dtype)
     op = getattr(trident.ops, args.op)
-    shapes = shapes_of(args, ctx.platform.simulator, GPU_SHAPES[args.op])
+    shapes = fused_ops.shapes_of(args, ctx.platform.simulator, GPU_SHAPES[args.op])
     patterns = [p for p in (args.patterns or ",".join(OP_PATTERNS[args.op])).split(",") if p]
     with_baseline = not ctx.platform.ranks_share_gpus  # the baseline's NCCL needs a GPU per rank
     record = harness.new_record(ctx, args.op.replace("_", "-"),
                                 harness.params(args))
-    record["copy_bytes_per_s"] = bandwidth = budget_bandwidth(ctx, args)
+    record["copy_bytes_per_s"] = bandwidth = fused_ops.budget_bandwidth(ctx, args)
     for M, N, K in shapes:
         if M % ctx.world_size:
             raise SystemExit(f"shape {M}x{N}x{K}: M must be divisible by the {ctx.world_size} ranks")
@@ -103,14 +94,14 @@ def _shape_rows(ctx, args, op, M, N, K, dtype, patterns, with_baseline, bandwidt
         calls[p] = lambda p=p: op(ctx, *inputs, out, pattern=p, comm_programs=args.comm_programs)
 
     def on_call(name):  # --trace: one traced call of the pattern
-        record_timeline(ctx, args, lambda trace: op(ctx, *inputs, out, pattern=name,
+        fused_ops.record_timeline(ctx, args, lambda trace: op(ctx, *inputs, out, pattern=name,
                                                     comm_programs=args.comm_programs, trace=trace),
                         name, f"{M}x{N}x{K}")
 
-    times = check_and_time(ctx, args, calls, out, want, f"{M}x{N}x{K}", on_call if args.trace else None)
-    return shape_rows(f"{M}x{N}x{K}", 2.0 * M * N * K, times,
-                      trident.ops.choose_pattern(ctx, args.op, M, N, K) if "auto" in times else None,
-                      budget_for(ctx, args.op, (M, N, K), dtype, bandwidth))
+    times = fused_ops.check_and_time(ctx, args, calls, out, want, f"{M}x{N}x{K}", on_call if args.trace else None)
+    return fused_ops.shape_rows(f"{M}x{N}x{K}", 2.0 * M * N * K, times,
+                                trident.ops.choose_pattern(ctx, args.op, M, N, K) if "auto" in times else None,
+                                fused_ops.budget_for(ctx, args.op, (M, N, K), dtype, bandwidth))
 
 
 def main(argv=None) -> int:
@@ -120,7 +111,7 @@ def main(argv=None) -> int:
         args.repeats, args.warmup = 2, 1
     what = {"all_gather_gemm": "all-gather + GEMM", "gemm_reduce_scatter": "GEMM + reduce-scatter"}[args.op]
     harness.run_benchmark(args, run, lambda record, out: report(record, out, args.op, what),
-                          heap_bytes(shapes_of(args, SIMULATOR, GPU_SHAPES[args.op]), args.dtype))
+                          fused_ops.heap_bytes(fused_ops.shapes_of(args, SIMULATOR, GPU_SHAPES[args.op]), args.dtype))
     return 0
 
 
