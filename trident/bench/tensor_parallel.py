@@ -95,8 +95,8 @@ def _shape_rows(ctx, args, op, M, N, K, dtype, patterns, with_baseline, bandwidt
 
     def on_call(name):  # --trace: one traced call of the pattern
         fused_ops.record_timeline(ctx, args, lambda trace: op(ctx, *inputs, out, pattern=name,
-                                                    comm_programs=args.comm_programs, trace=trace),
-                        name, f"{M}x{N}x{K}")
+                                                              comm_programs=args.comm_programs, trace=trace),
+                                  name, f"{M}x{N}x{K}")
 
     times = fused_ops.check_and_time(ctx, args, calls, out, want, f"{M}x{N}x{K}", on_call if args.trace else None)
     return fused_ops.shape_rows(f"{M}x{N}x{K}", 2.0 * M * N * K, times,

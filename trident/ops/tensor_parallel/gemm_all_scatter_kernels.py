@@ -29,7 +29,7 @@ from ... import trace
 from ...device import signal, store, wait
 from ...device.bundles import CallSync, Gemm, Output, Team
 from ..fused.sync import call_epoch, enter_call, finish_call, flag_words, wait_peers_ready
-from ..gemm.tiles import output_tile, tile_coords, tile_dot
+from ..gemm.tiles import output_tile, tile_coords, tile_dot, tile_offsets
 
 
 @triton.jit
@@ -109,14 +109,12 @@ def send_tile(out, pid_m, pid_n, tile, trace_ptr, team):
     next rank first), :data:`SEND_ROWS` rows at a time (or the tile's, if fewer); one trace event per peer."""
     TRACE: tl.constexpr = trace_ptr is not None
     ROWS: tl.constexpr = out.BLOCK_M if out.BLOCK_M < SEND_ROWS else SEND_ROWS
-    rn = pid_n * out.BLOCK_N + tl.arange(0, out.BLOCK_N)
+    CHUNKS: tl.constexpr = out.BLOCK_M // ROWS
     for i in range(1, team.world_size):
         peer = (team.rank + i) % team.world_size
         t0 = trace.now_if(TRACE)
-        for row in tl.range(pid_m * out.BLOCK_M, pid_m * out.BLOCK_M + out.BLOCK_M, ROWS):
-            rm = row + tl.arange(0, ROWS)
-            offs = rm.to(tl.int64)[:, None] * out.stride_cm + rn[None, :] * out.stride_cn
-            mask = (rm < out.M)[:, None] & (rn < out.N)[None, :]
+        for chunk in tl.range(pid_m * CHUNKS, (pid_m + 1) * CHUNKS):  # the tile's rows as tiles of ROWS rows
+            offs, mask = tile_offsets(chunk, pid_n, out.M, out.N, out.stride_cm, out.stride_cn, ROWS, out.BLOCK_N)
             store(out.c + offs, tl.load(out.c + offs, mask=mask), team.rank, peer, team.heap_bases, mask=mask)
         trace.record(trace_ptr, trace.COMM, tile, peer, t0, team.rank, TRACE)
 

@@ -185,6 +185,7 @@ def reduce_flagged_tiles(first, step,
     num_pid_n = tl.cdiv(N, BLOCK_N)
     sources = tl.arange(0, call.WORLD_BLOCK)
     ROWS: tl.constexpr = BLOCK_M if BLOCK_M < SUM_ROWS else SUM_ROWS
+    CHUNKS: tl.constexpr = BLOCK_M // ROWS
     for tile in tl.range(first, num_pid_m * num_pid_n, step):
         t0 = trace.now_if(TRACE)
         wait(flags + sources * (num_pid_m * num_pid_n) + tile, call.epoch, rank, rank, team.heap_bases, cmp="ge",
@@ -192,11 +193,9 @@ def reduce_flagged_tiles(first, step,
         trace.record(trace_ptr, trace.WAIT, tile, rank, t0, rank, TRACE)
         t0 = trace.now_if(TRACE)
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        for row in tl.range(pid_m * BLOCK_M, pid_m * BLOCK_M + BLOCK_M, ROWS):  # a few rows at a time
-            rm = row + tl.arange(0, ROWS)
-            offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
-            sum_slots(slots, c, offs, (rm < rows)[:, None] & (rn < N)[None, :], rows, N, rank, team.world_size)
+        for chunk in tl.range(pid_m * CHUNKS, (pid_m + 1) * CHUNKS):  # the tile's rows as tiles of ROWS rows
+            offs, mask = tile_offsets(chunk, pid_n, rows, N, N, 1, ROWS, BLOCK_N)
+            sum_slots(slots, c, offs, mask, rows, N, rank, team.world_size)
         trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
 
 
