@@ -25,7 +25,7 @@ LAYERS = {
     "ccl": 6,
     "ops": 7,
     "testing": 8, "bench": 8, "torch_ops": 8, "dist_backend": 8, "dist_slots": 8,
-    "cli": 9, "__main__": 9, "__init__": 9,
+    "cli": 9, "__main__": 9, "__init__": 9, "initialize": 9,
 }
 
 #: Ways of asking "which backend / what hardware" that belong to trident/platform.py (this rank's device),

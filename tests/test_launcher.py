@@ -459,3 +459,19 @@ def test_run_when_rank_0_dies_the_others_print_only_the_error(tmp_path):
                f"gone (rank 0: process" in proc.stderr, proc.stderr[-3000:]
     assert not [line for line in lines if "frame #" in line or "TCPStore.cpp" in line], proc.stderr[-3000:]
     assert len(lines) <= 35, proc.stderr  # the launcher's line and each survivor's traceback
+
+
+def test_the_launcher_and_a_bare_import_load_no_torch():
+    """``import trident`` loads only the backend choice and the errors (the rest on first use), and
+    ``trident run`` only the launcher: neither imports torch where the backend is settled without a
+    GPU probe (here TRIDENT_BACKEND=sim), so every job starts in a fraction of a second, not torch's
+    import once more; the lazy names still resolve."""
+    code = ("import sys, trident, trident.cli\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n"
+            "assert trident.TridentError and trident.__version__\n"
+            "assert callable(trident.init) and 'torch' in sys.modules\n"
+            "assert trident.load is trident.device.load and 'load' in trident.__all__ and 'ccl' in dir(trident)\n"
+            "print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**script_env(), "TRIDENT_BACKEND": "sim"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

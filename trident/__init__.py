@@ -17,72 +17,77 @@ Import trident before defining kernels: on a machine without a GPU it switches T
 CPU interpreter (the simulator), which must happen before any ``@triton.jit``.
 """
 
-# torch_ops and dist_backend register nothing on import: init() registers them (see below).
-from . import ccl, config, device, dist_backend, layout, platform, torch_ops, trace
+import importlib
+from typing import TYPE_CHECKING
 
-# The device API (trident.load, trident.atomic_add, ...): what trident.device.__all__ lists, listed there only.
-from .device import *  # noqa: F403
-from .errors import (
-    BackendUnavailableError,
-    CapacityError,
-    ContextClosedError,
-    ContextRefusedError,
-    DeviceError,
-    DivergenceError,
-    HeapExhaustedError,
-    NotSymmetricError,
-    RankTimeoutError,
-    TopologyError,
-    TridentError,
-)
-from .runtime import context as _context
-from .runtime.context import Context
-from .runtime.launch import SpawnError, spawn
+# The backend is chosen now, before any @triton.jit (trident/config.py); without a GPU, torch-free.
+from . import config as config
+from .errors import BackendUnavailableError as BackendUnavailableError
+from .errors import CapacityError as CapacityError
+from .errors import ContextClosedError as ContextClosedError
+from .errors import ContextRefusedError as ContextRefusedError
+from .errors import DeviceError as DeviceError
+from .errors import DivergenceError as DivergenceError
+from .errors import HeapExhaustedError as HeapExhaustedError
+from .errors import NotSymmetricError as NotSymmetricError
+from .errors import RankTimeoutError as RankTimeoutError
+from .errors import TopologyError as TopologyError
+from .errors import TridentError as TridentError
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
+    from . import ccl as ccl
+    from . import device as device
+    from . import dist_backend as dist_backend
+    from . import layout as layout
+    from . import platform as platform
+    from . import torch_ops as torch_ops
+    from . import trace as trace
+    from .device import *  # noqa: F403
+    from .initialize import init as init
+    from .runtime.context import Context as Context
+    from .runtime.launch import SpawnError as SpawnError
+    from .runtime.launch import spawn as spawn
 
-def init(heap_size: int = _context.DEFAULT_HEAP_SIZE, backend: str | None = None, *,
-         dist_groups: int = dist_backend.INIT_SLOTS, **kwargs) -> Context:
-    """``trident.runtime.context.init`` (its arguments: ``timeout``, ``wait_timeout``, ...), with
-    trident's integrations with torch: registers ``torch.ops.trident.*`` and the torch.distributed
-    backend "trident" (on the first call; importing trident registers nothing), and keeps
-    ``dist_groups`` heap slots at the top of the heap for ``dist.new_group(ranks, backend="trident")``,
-    each of ``heap_size / 64`` bytes (0 keeps none; :mod:`trident.dist_backend`).
-
-    Example::
-
-        ctx = trident.init(heap_size=1 << 28)
-    """
-    torch_ops.register()
-    dist_backend.register()
-    if isinstance(heap_size, int) and not isinstance(heap_size, bool):  # else the runtime says what is wrong
-        kept = dist_backend.init_bytes(layout.align_up(heap_size), dist_groups)  # the heap init makes
-        kwargs["reserve"] = {dist_backend.NAME: kept, **kwargs.get("reserve", {})}
-    return _context.init(heap_size, backend, **kwargs)
-
-
-init.__doc__ = (init.__doc__ or "") + "\n" + (_context.init.__doc__ or "")
-
-__all__ = [
-    "init", "Context", "spawn", "config", "platform", "ccl", "trace", "torch_ops", "dist_backend",
-    *device.__all__,
-    "TridentError", "BackendUnavailableError", "CapacityError", "ContextClosedError", "DeviceError", "DivergenceError",
-    "ContextRefusedError", "HeapExhaustedError", "NotSymmetricError", "RankTimeoutError", "SpawnError", "TopologyError",
-]
+#: Names loaded on first use (PEP 562), so that ``import trident`` stays light: the ``trident run``
+#: launcher, for one, never imports torch. ``trident.<submodule>`` and the device API
+#: (``trident.load``, ...: ``trident.device.__all__``) load the same way.
+_NAMES = {"init": "initialize", "Context": "runtime.context", "spawn": "runtime.launch",
+          "SpawnError": "runtime.launch"}
+_PUBLIC = ["init", "Context", "spawn", "config", "platform", "ccl", "trace", "torch_ops", "dist_backend",
+           "TridentError", "BackendUnavailableError", "CapacityError", "ContextClosedError", "DeviceError",
+           "DivergenceError", "ContextRefusedError", "HeapExhaustedError", "NotSymmetricError",
+           "RankTimeoutError", "SpawnError", "TopologyError"]
 
 
-if platform.SIMULATOR:
-    from .backends import interpreter_fixups
+def __getattr__(name: str):
+    """``trident.<name>`` on first use: a submodule, a name of :data:`_NAMES`, or the device API."""
+    if name in _NAMES:
+        value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+    elif name.startswith("__") and name != "__all__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    else:
+        try:
+            return importlib.import_module(f"{__name__}.{name}")  # binds trident.<name> itself
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise
+        device = importlib.import_module(f"{__name__}.device")
+        if name == "__all__":
+            value = [*_PUBLIC, *device.__all__]
+        elif name in device.__all__:
+            value = getattr(device, name)
+        else:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
-    interpreter_fixups.apply()  # before any kernel runs in the interpreter, with or without a context
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__getattr__("__all__")})
 
 
-def __getattr__(name):
-    # trident.ops (GEMM + communication) and trident.testing (the multiprocess test harness) are
-    # imported on first use: `import trident` stays fast, and a problem inside them cannot break it.
-    if name in ("ops", "testing"):
-        import importlib
+from .backends import interpreter_fixups  # noqa: E402  (after the backend is chosen)
 
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module 'trident' has no attribute {name!r}")
+interpreter_fixups.apply_in_simulator()

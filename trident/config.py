@@ -6,7 +6,9 @@ for trident's own device functions *and* for the user's kernels, so the choice i
 when ``trident`` is imported, before any kernel is defined:
 
 * ``TRIDENT_BACKEND=sim`` or ``cuda`` forces a backend;
-* otherwise the simulator is chosen when no CUDA GPU is visible.
+* otherwise the simulator is chosen when no CUDA GPU is visible. Where no NVIDIA driver device
+  exists at all (no ``/dev/nvidiactl``, no WSL ``/dev/dxg``) that is known without importing
+  torch, so ``import trident`` (and the ``trident run`` launcher) stays light there.
 
 Import ``trident`` before defining kernels (``import trident`` at the top of the module is
 enough). ``trident.init(backend=...)`` must agree with the choice made here.
@@ -15,8 +17,6 @@ enough). ``trident.init(backend=...)`` must agree with the choice made here.
 from __future__ import annotations
 
 import os
-
-import torch
 
 BACKENDS = ("cuda", "sim")
 
@@ -34,6 +34,10 @@ def _env_flag(name: str) -> bool:
     raise ConfigError(f"{name}={value!r} is not a boolean; expected 0/1, true/false, yes/no or on/off")
 
 
+#: Device files the NVIDIA driver makes (Linux; WSL 2): without any, CUDA cannot run in this process.
+DRIVER_DEVICES = ("/dev/nvidiactl", "/dev/dxg")
+
+
 def _choose_backend() -> str:
     requested = os.environ.get("TRIDENT_BACKEND", "").strip().lower()
     if requested and requested not in BACKENDS:
@@ -42,6 +46,10 @@ def _choose_backend() -> str:
         return requested
     if _env_flag("TRITON_INTERPRET"):
         return "sim"
+    if not any(os.path.exists(node) for node in DRIVER_DEVICES):
+        return "sim"  # no NVIDIA driver here: torch.cuda.is_available() could only say False
+    import torch  # a GPU may be here: torch decides (a CPU-only torch build says no)
+
     return "cuda" if torch.cuda.is_available() else "sim"
 
 

@@ -29,8 +29,7 @@ import traceback
 import warnings
 
 from .errors import TridentError
-from .runtime.launch import rank_environment
-from .runtime.rendezvous import free_port
+from .runtime.processes import free_port, rank_environment
 
 
 class RankFailure(TridentError):

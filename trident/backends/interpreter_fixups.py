@@ -53,7 +53,6 @@ import contextlib
 import threading
 
 import numpy as np
-import torch
 
 _applied = False
 #: The thread whose kernel the interpreter runs now (fix-up 8), or None.
@@ -76,6 +75,15 @@ def _needs_index_fix() -> bool:
         return True
     finally:
         scope.restore()
+
+
+def apply_in_simulator() -> None:
+    """:func:`apply` when this process runs the simulator (``import trident`` calls it, before any
+    kernel runs in the interpreter, with or without a context)."""
+    from .. import config
+
+    if config.BACKEND == "sim":
+        apply()
 
 
 def apply() -> None:
@@ -323,7 +331,7 @@ def _convert_fp8_as_gpus_do(interpreter) -> None:
     """Fix-up 10: float <-> fp8 casts through torch's fp8 types, saturating as ``cvt.rn.satfinite`` does."""
     import triton.language as tl
 
-    fp8 = {tl.float8e4nv: (torch.float8_e4m3fn, 448.0), tl.float8e5: (torch.float8_e5m2, 57344.0)}
+    fp8 = {tl.float8e4nv: ("float8_e4m3fn", 448.0), tl.float8e5: ("float8_e5m2", 57344.0)}  # torch's type, max
     floats = (tl.float32, tl.float16, tl.bfloat16)
     builder = interpreter.InterpreterBuilder
     original = builder.create_fp_to_fp
@@ -335,12 +343,15 @@ def _convert_fp8_as_gpus_do(interpreter) -> None:
     def create_fp_to_fp(self, src, dst_type, rounding_mode):
         src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
         nearest = rounding_mode is None or getattr(rounding_mode, "name", "") == "RTNE"  # not an explicit RTZ
+        import torch  # here, not at import: `import trident` without a GPU stays torch-free (trident run)
+
         if dst_ty in fp8 and src_ty in floats and nearest:
-            kind, top = fp8[dst_ty]
+            name, top = fp8[dst_ty]
+            kind = getattr(torch, name)
             values = torch.from_numpy(np.clip(as_f32(src), -top, top))  # NaN stays NaN
             return interpreter.TensorHandle(values.to(kind).view(torch.uint8).numpy(), dst_ty)
         if src_ty in fp8 and dst_ty in floats:
-            kind = fp8[src_ty][0]
+            kind = getattr(torch, fp8[src_ty][0])
             values = torch.from_numpy(np.ascontiguousarray(src.data).view(np.uint8)).view(kind).float().numpy()
             if dst_ty == tl.bfloat16:
                 return interpreter.TensorHandle(_f32_to_bf16(values), dst_ty)

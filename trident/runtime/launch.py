@@ -11,37 +11,17 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
-import signal
 import time
 import traceback
 
 from ..errors import TridentError
 from . import pickling
-from .rendezvous import free_port
+from .processes import describe_exit, free_port, rank_environment
 
 
 class SpawnError(TridentError):
     """A rank started by :func:`spawn` failed: it raised (the message holds its traceback), died,
     exited without a result, or returned one that cannot be pickled; the message names the rank."""
-
-
-def rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
-    """The torchrun-style variables for one rank of a job on this machine."""
-    return {
-        "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-    }
-
-
-def describe_exit(returncode: int) -> str:
-    """How a process ended, from its return code (negative: the signal that killed it):
-    ``"exited with code 5"`` or ``"was killed by SIGSEGV"``."""
-    if returncode >= 0:
-        return f"exited with code {returncode}"
-    try:
-        return f"was killed by {signal.Signals(-returncode).name}"
-    except ValueError:
-        return f"was killed by signal {-returncode}"
 
 
 def _child(rank: int, world_size: int, port: int, payload: bytes, results) -> None:

@@ -1,6 +1,6 @@
 """``trident run``'s engine: one process per rank on this machine, watched until the job ends.
 
-:func:`run` starts the ranks with torchrun's variables (see :func:`~trident.runtime.launch.rank_environment`)
+:func:`run` starts the ranks with torchrun's variables (see :func:`~trident.runtime.processes.rank_environment`)
 and then, until every rank has exited:
 
 * **failures**: every rank is watched all the time (not in rank order). The first rank to exit
@@ -34,10 +34,8 @@ import threading
 import time
 
 from ..errors import BackendUnavailableError
-from ..platform import gpus_visible
-from .launch import describe_exit, rank_environment
 from .mps import MpsDaemon
-from .rendezvous import free_port
+from .processes import describe_exit, free_port, rank_environment
 
 #: Seconds between a failure (or a signal to the launcher) and stopping the ranks still running.
 DEFAULT_GRACE = 10.0
@@ -244,6 +242,8 @@ def run(nprocs: int, command: list[str], grace: float = DEFAULT_GRACE, env: dict
 
 def ranks_per_gpu(nprocs: int) -> int:
     """How many of ``nprocs`` ranks share one GPU (ranks go round-robin over the visible GPUs)."""
+    from ..platform import gpus_visible  # torch: only a job under MPS asks (the launcher starts without it)
+
     return -(-nprocs // max(gpus_visible(), 1))
 
 

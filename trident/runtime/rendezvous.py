@@ -19,6 +19,7 @@ import torch.distributed as dist
 from .. import platform as _platform
 from .. import torch_private
 from ..errors import DivergenceError, RankTimeoutError
+from .processes import free_port
 
 
 def _env_int(name: str, default: int | None) -> int:
@@ -32,13 +33,6 @@ def _env_int(name: str, default: int | None) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
-def free_port() -> int:
-    """A TCP port on this machine that nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 STORE_HOST_VARIABLE = "TRIDENT_STORE_HOST"
