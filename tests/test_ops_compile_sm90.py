@@ -82,16 +82,18 @@ for wait in (True, False):
     case(f"scatter wait={wait}", G.scatter_kernel,
          {"c": "*bf16", "M": "i32", "N": "i32", "stride_cm": "i32", **sync(wait), **WORLD},
          dict(TILE, WORLD_BLOCK=8, WAIT_FLAGS=wait))
-# all_gather_gemm reads A through pointers (from peers, or from what the kernel gathered).
+# all_gather_gemm reads A through pointers (from peers, or from what the kernel gathered), and B through
+# its descriptor where B's layout allows (tma=True: B_TMA), else through pointers too.
 # A plain A_local is staged by the kernel (source given), a heap one is read in place (source None).
-agg = {"a_local": "*bf16", "source": "*bf16", "b": "*bf16", "c": "*bf16", **SIZES}
-case("all_gather_gemm pull tma=False", AG.pull_kernel, {**agg, **sync(False), **WORLD},
-     dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
+for tma in (True, False):
+    agg = {"a_local": "*bf16", "source": "*bf16", "b": ab(tma)["b"], "c": "*bf16", **SIZES}
+    case(f"all_gather_gemm pull tma={tma}", AG.pull_kernel, {**agg, **sync(False), **WORLD},
+         dict(TILE=(BM, BN, BK, 8), B_TMA=tma, WORLD_BLOCK=8))
+    case(f"all_gather_gemm gather tma={tma}", AG.gather_gemm_kernel,
+         {**agg, "a_full": "*bf16", "gather_programs": "i32", **sync(True), **WORLD},
+         dict(TILE=(BM, BN, BK, 8), B_TMA=tma, WORLD_BLOCK=8))
 case("all_gather_gemm pull heap A_local", AG.pull_kernel, {**agg, "source": "constexpr", **sync(False), **WORLD},
-     dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
-case("all_gather_gemm gather tma=False", AG.gather_gemm_kernel,
-     {**agg, "a_full": "*bf16", "gather_programs": "i32", **sync(True), **WORLD},
-     dict(TILE, BLOCK_K=BK, WORLD_BLOCK=8))
+     dict(TILE=(BM, BN, BK, 8), B_TMA=False, WORLD_BLOCK=8))
 # As the op launches it on fp32 (the tiles and stages pick_config gives fp32), with the launcher's
 # specializations (aligned pointers and row strides, unit strides as constants): its pipelined K loop
 # must fit a Hopper SM's shared memory (two loops, one per source of A, once asked for 384 KiB).
@@ -100,7 +102,7 @@ F32 = {"a_local": "*fp32", "source": "constexpr", "a_full": "*fp32", "b": "*fp32
 AG_ARGS = AG.gather_gemm_kernel.arg_names
 case("all_gather_gemm gather fp32 tma=False", AG.gather_gemm_kernel,
      {**F32, "gather_programs": "i32", **sync(False), **WORLD},
-     {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "WORLD_BLOCK": 8,
+     {"TILE": (128, 128, 64, 8), "B_TMA": False, "WORLD_BLOCK": 8,
       (AG_ARGS.index("strides"), 1): 1, (AG_ARGS.index("strides"), 3): 1},
      warps=4, stages=3, aligned=("a_local", "a_full", "b", "c", ("strides", 0), ("strides", 2), ("strides", 4)))
 # gemm_reduce_scatter pushes each tile to its owner, gemm_all_reduce to every rank (TO_EVERY_RANK).
@@ -122,7 +124,7 @@ print(json.dumps(results))
 @pytest.mark.sm90_child(CHILD)
 def test_ops_kernels_compile_for_sm90_with_tma_and_wgmma(tmp_path):
     results = run_child(CHILD, tmp_path)
-    assert len(results) == 24
+    assert len(results) == 26
     failed = {k: v["error"] for k, v in results.items() if not v["ok"]}
     assert not failed, failed
     too_big = {k: v["shared"] for k, v in results.items() if v["shared"] > HOPPER_SHARED_BYTES}

@@ -84,7 +84,9 @@ class CallSync:
 class Gemm:
     """The operands of ``A @ B`` and how its output is tiled (:mod:`trident.ops.gemm.tiles`).
 
-    ``a`` and ``b`` are tensor descriptors (``USE_TMA``) or pointers to A (``M x K``) and B (``K x N``);
+    ``a`` and ``b`` are tensor descriptors (``USE_TMA``) or pointers to A (``M x K``) and B (``K x N``),
+    or (``B_TMA`` without ``USE_TMA``) a pointer to A and a descriptor of B: where A's rows come from
+    another tensor tile by tile (all_gather_gemm), B still needs no pointer tensor in the K loop;
     ``shape`` is ``(M, N, K)`` and ``strides`` starts with A's and B's element strides
     ``(stride_am, stride_ak, stride_bk, stride_bn, ...)`` (what follows, C's, is not read here).
     Output tiles are ``BLOCK_M x BLOCK_N``, walked in groups of ``GROUP_M`` tile rows; the K loop
@@ -105,9 +107,10 @@ class Gemm:
     BLOCK_K: Value
     GROUP_M: Value
     USE_TMA: Value
+    B_TMA: Value
 
     @triton.constexpr_function
-    def __init__(self, a, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA):
+    def __init__(self, a, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA, B_TMA=False):
         self.a = _value(a)
         self.b = _value(b)
         self.M = _value(shape[0])
@@ -122,6 +125,7 @@ class Gemm:
         self.BLOCK_K = _value(BLOCK_K)
         self.GROUP_M = _value(GROUP_M)
         self.USE_TMA = _value(USE_TMA)
+        self.B_TMA = _value(B_TMA)
 
 
 @aggregate

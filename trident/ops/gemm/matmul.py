@@ -171,6 +171,21 @@ def operands(A: torch.Tensor, B: torch.Tensor, cfg: MatmulConfig):
             TensorDescriptor.from_tensor(B, [cfg.BLOCK_K, cfg.BLOCK_N]), True)
 
 
+def b_operand(B: torch.Tensor, cfg: MatmulConfig):
+    """``(b, b_tma)``: B as a descriptor of ``BLOCK_K x BLOCK_N`` boxes when the config and its layout
+    allow, else B itself; for kernels whose A comes from another tensor tile by tile (pointers), so
+    only B can be read through TMA (``Gemm(..., USE_TMA=False, B_TMA=b_tma)``).
+
+    Example::
+
+        b, b_tma = b_operand(B, cfg)
+        call.launch_gemm(kernels.pull_kernel, grid, (a_local, None, b, C, ...), B_TMA=b_tma)
+    """
+    if cfg.tma is False or not tma_ok(B):
+        return B, False
+    return TensorDescriptor.from_tensor(B, [cfg.BLOCK_K, cfg.BLOCK_N]), True
+
+
 def num_programs(platform: _platform.Platform, work: int, cfg: MatmulConfig) -> int:
     """The persistent grid: ``cfg.programs``, else one program per SM, at most ``work`` (and at least 1).
 

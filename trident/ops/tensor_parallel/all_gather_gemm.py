@@ -26,7 +26,7 @@ from ...runtime.groups import team
 from ..fused import multinode
 from ..fused.baselines import gather_into
 from ..fused.call import FusedCall, OpSpec, check_gemm_call, comm_span, fused_op, split_roles
-from ..gemm.matmul import MatmulConfig, launch_matmul, num_programs
+from ..gemm.matmul import MatmulConfig, b_operand, launch_matmul, num_programs
 from . import all_gather_gemm_kernels as kernels
 
 #: ``auto``'s measured choices, as :data:`trident.ops.AUTO_TABLE` (docs/tensor-parallel-ops.md), from
@@ -106,11 +106,12 @@ def _fused_sequential(call: FusedCall) -> None:
     ctx, cfg = call.ctx, call.cfg
     a_local, source = _staged_a_local(call)
     tiles = _row_blocks(call, a_local) * triton.cdiv(call.B.shape[1], cfg.BLOCK_N)
+    b, b_tma = b_operand(call.B, cfg)
     call.launch_gemm(kernels.pull_kernel, (num_programs(ctx.platform, tiles, cfg),), (
-        a_local, source, call.B, call.C, *_sizes(call, a_local),
+        a_local, source, b, call.C, *_sizes(call, a_local),
         call.sync(), call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-    ))
+    ), tile_as_tuple=True, B_TMA=b_tma)
 
 
 def _workgroup_specialized(call: FusedCall) -> None:
@@ -126,12 +127,13 @@ def _workgroup_specialized(call: FusedCall) -> None:
     gemm_programs, comm = split_roles(call, comm_work=peer_blocks, other_work=tiles)
     a_full = _full_a(call)
     call.own(a_full)
+    b, b_tma = b_operand(call.B, cfg)
     call.launch_gemm(kernels.gather_gemm_kernel, (comm + gemm_programs,), (
-        a_local, source, a_full, call.B, call.C, *_sizes(call, a_local),
+        a_local, source, a_full, b, call.C, *_sizes(call, a_local),
         comm,
         sync, call.trace_ptr,
         ctx.rank, ctx.world_size, ctx.heap_bases,
-    ))
+    ), tile_as_tuple=True, B_TMA=b_tma)
 
 
 def _baseline(call: FusedCall) -> None:

@@ -21,6 +21,10 @@ rank walks the shards starting with its own, whose rows need no communication.
   program already running has claimed, however few programs of the launch are resident at a time;
   at one rank there is nothing to gather (no gather programs).
 
+B is read through a TMA descriptor where its layout allows (``B_TMA``; A's rows, from a different
+tensor tile by tile, through pointers): a pointer tensor of B held across the K loop took as many
+registers as the accumulator and made the compiler spill.
+
 Both use the call handshake of :mod:`trident.ops.fused.sync` (one sync block, ``sync_ptr``):
 peers' ``A_local`` is read only after they entered the call, and the kernel ends only after every
 peer is done reading ours. A ``trace_ptr`` of None turns tracing off.
@@ -46,10 +50,12 @@ def pull_kernel(
                                                         # (stride_am, stride_ak, stride_bk, stride_bn, stride_cm)
         sync_ptr, trace_ptr,                            # the sync block; the trace buffer or None
         rank, world_size, heap_bases,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-        WORLD_BLOCK: tl.constexpr):
+        TILE: tl.constexpr,                             # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+        B_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """fused_sequential: one persistent kernel; each tile multiplies rows of A read from their owner."""
     TRACE: tl.constexpr = trace_ptr is not None
+    BLOCK_M: tl.constexpr = TILE[0]
+    BLOCK_N: tl.constexpr = TILE[1]
     team = Team(rank, world_size, heap_bases)
     m, N = shape[0], shape[1]
     call, _, a_own = _enter(sync_ptr, a_local, source, shape, team, WORLD_BLOCK)
@@ -57,9 +63,9 @@ def pull_kernel(
     tiles = world_size * tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):
         t0 = trace.now_if(TRACE)
-        src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
+        src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, TILE[3])
         a_src = tl.where(src == rank, a_own, translate(a_local, rank, src, team.heap_bases))  # src's A_local
-        gemm = Gemm(a_src, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False)
+        gemm = Gemm(a_src, b, shape, strides, BLOCK_M, BLOCK_N, TILE[2], TILE[3], False, B_TMA)
         acc = tile_dot(gemm, pid_m, pid_n)
         _store_rows(c, shape, strides, src, acc, pid_m, pid_n, BLOCK_M, BLOCK_N)
         trace.record(trace_ptr, trace.COMPUTE, tile, src, t0, rank, TRACE)
@@ -111,8 +117,8 @@ def gather_gemm_kernel(
         gather_programs,                                # the first gather_programs to arrive gather, the rest multiply
         sync_ptr, trace_ptr,                            # the sync block (its flags); the trace buffer or None
         rank, world_size, heap_bases,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-        WORLD_BLOCK: tl.constexpr):
+        TILE: tl.constexpr,                             # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+        B_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """workgroup_specialized: the first ``gather_programs`` programs to start claim the peers' row
     blocks of A (work counter 0) and copy each into ``a_full`` (``W*m x K``, row stride K; my own rows
     are not copied), releasing ``FLAGS[block]``; then they, and from the start every later program,
@@ -122,6 +128,8 @@ def gather_gemm_kernel(
     waits only on a block some running program has claimed, whichever programs the GPU runs first.
     At one rank there is nothing to gather and the launch has no gather programs."""
     TRACE: tl.constexpr = trace_ptr is not None
+    BLOCK_M: tl.constexpr = TILE[0]
+    BLOCK_N: tl.constexpr = TILE[1]
     team = Team(rank, world_size, heap_bases)
     m, N, K = shape[0], shape[1], shape[2]
     call, arrival, a_own = _enter(sync_ptr, a_local, source, shape, team, WORLD_BLOCK)
@@ -136,14 +144,14 @@ def gather_gemm_kernel(
             block = src * blocks + i % blocks
             shard = a_full + tl.cast(src, tl.int64) * m * K
             copy_rows(a_local, shard, (i % blocks) * BLOCK_M, m, K, strides[0], K, rank, src, peers.heap_bases,
-                      BLOCK_M, BLOCK_K)
+                      BLOCK_M, TILE[2])
             signal(flags + block, call.epoch, rank, rank, heap_bases, scope="gpu")  # read on this GPU only
             trace.record(trace_ptr, trace.COMM, block, src, t0, rank, TRACE)
             i = claim_work(call, 0)
     tiles = world_size * blocks * tl.cdiv(N, BLOCK_N)
     tile = claim_work(call, 1)
     while tile < tiles:
-        src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, GROUP_M)
+        src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, TILE[3])
         t0 = trace.now_if(TRACE)
         own = src == rank  # my own rows are read where they are, with no wait
         if not own:
@@ -158,7 +166,7 @@ def gather_gemm_kernel(
         # need a proxy fence first).
         a_rows = tl.where(own, a_own, a_full + tl.cast(src, tl.int64) * m * K)
         acc = tile_dot(Gemm(a_rows, b, shape, (strides[0], strides[1], strides[2], strides[3]),
-                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, False), pid_m, pid_n)
+                            BLOCK_M, BLOCK_N, TILE[2], TILE[3], False, B_TMA), pid_m, pid_n)
         _store_rows(c, shape, strides, src, acc, pid_m, pid_n, BLOCK_M, BLOCK_N)
         trace.record(trace_ptr, trace.COMPUTE, tile, src, t0, rank, TRACE)
         tile = claim_work(call, 1)
