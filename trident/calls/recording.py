@@ -101,38 +101,27 @@ class _Copy:
     """``dst.copy_(src)`` again: ``ends`` are ``(operand or None, byte offset or tensor)`` for dst
     and src; by address on a GPU (``cudaMemcpyAsync``), on views in the simulator."""
 
-    __slots__ = ("ends", "nbytes", "memcpy", "geometry")
+    __slots__ = ("ends", "nbytes", "on_gpu", "geometry")
 
     def __init__(self, ends, nbytes: int, on_gpu: bool, geometry):
-        self.ends, self.nbytes, self.geometry = ends, nbytes, geometry
-        self.memcpy = _device_memcpy() if on_gpu else None
+        self.ends, self.nbytes, self.on_gpu, self.geometry = ends, nbytes, on_gpu, geometry
 
     def __call__(self, ptrs, tensors, options) -> None:
-        if self.memcpy is not None:
+        if self.on_gpu:
             to, frm = ((ptrs[slot] + at) if slot is not None else at for slot, at in self.ends)
-            self.memcpy(to, frm, self.nbytes)
+            _memcpy(to, frm, self.nbytes)
             return
         dst, src = ((_view(tensors[slot], at, *self.geometry) if slot is not None else at) for slot, at in self.ends)
         dst.copy_(src)
 
 
-def _device_memcpy():
-    """``memcpy(to, frm, nbytes)``: a device-to-device ``cudaMemcpyAsync`` on this device's current
-    stream, with the runtime's entry, the copy kind and the device looked up once (a replayed copy
-    is a small call's whole host time: every lookup per call shows)."""
-    from ..backends.cuda import checked, cuda_runtime  # the cuda backend's (a recording on a GPU)
+def _memcpy(to: int, frm: int, nbytes: int) -> None:
+    from ..backends.cuda import checked, cuda_runtime  # the cuda backend's (a replay on a GPU)
 
     runtime = cuda_runtime()
-    copy, kind = runtime.cudaMemcpyAsync, runtime.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-    ok = runtime.cudaError_t.cudaSuccess
-    stream, device = torch_private.raw_stream_function(), torch.cuda.current_device()
-
-    def memcpy(to: int, frm: int, nbytes: int) -> None:
-        result = copy(to, frm, nbytes, kind, stream(device))
-        if result[0] != ok:
-            checked(result, f"cudaMemcpyAsync of {nbytes} bytes in a replayed call")
-
-    return memcpy
+    stream = torch_private.raw_stream_function()(torch.cuda.current_device())
+    checked(runtime.cudaMemcpyAsync(to, frm, nbytes, runtime.cudaMemcpyKind.cudaMemcpyDeviceToDevice, stream),
+            f"cudaMemcpyAsync of {nbytes} bytes in a replayed call")
 
 
 class Recording:
