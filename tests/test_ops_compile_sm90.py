@@ -92,7 +92,8 @@ for tma in (True, False):
     case(f"all_gather_gemm gather tma={tma}", AG.gather_gemm_kernel,
          {**agg, "a_full": "*bf16", "gather_programs": "i32", **sync(True), **WORLD},
          dict(TILE=(BM, BN, BK, 8), B_TMA=tma, WORLD_BLOCK=8))
-case("all_gather_gemm pull heap A_local", AG.pull_kernel, {**agg, "source": "constexpr", **sync(False), **WORLD},
+case("all_gather_gemm pull heap A_local", AG.pull_kernel,
+     {**agg, "source": "constexpr", "b": ab(False)["b"], **sync(False), **WORLD},
      dict(TILE=(BM, BN, BK, 8), B_TMA=False, WORLD_BLOCK=8))
 # As the op launches it on fp32 (the tiles and stages pick_config gives fp32), with the launcher's
 # specializations (aligned pointers and row strides, unit strides as constants): its pipelined K loop

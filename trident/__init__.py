@@ -65,7 +65,9 @@ def __getattr__(name: str):
     """``trident.<name>`` on first use: a submodule, a name of :data:`_NAMES`, or the device API."""
     if name in _NAMES:
         value = getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
-    elif name.startswith("__") and name != "__all__":
+    elif name == "__all__":
+        value = [*_PUBLIC, *importlib.import_module(f"{__name__}.device").__all__]
+    elif name.startswith("__"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     else:
         try:
@@ -74,12 +76,9 @@ def __getattr__(name: str):
             if error.name != f"{__name__}.{name}":
                 raise
         device = importlib.import_module(f"{__name__}.device")
-        if name == "__all__":
-            value = [*_PUBLIC, *device.__all__]
-        elif name in device.__all__:
-            value = getattr(device, name)
-        else:
+        if name not in device.__all__:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(device, name)
     globals()[name] = value
     return value
 

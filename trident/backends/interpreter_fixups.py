@@ -343,14 +343,16 @@ def _convert_fp8_as_gpus_do(interpreter) -> None:
     def create_fp_to_fp(self, src, dst_type, rounding_mode):
         src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
         nearest = rounding_mode is None or getattr(rounding_mode, "name", "") == "RTNE"  # not an explicit RTZ
-        import torch  # here, not at import: `import trident` without a GPU stays torch-free (trident run)
-
         if dst_ty in fp8 and src_ty in floats and nearest:
+            import torch  # here, on an fp8 cast: `import trident` without a GPU stays torch-free (trident run)
+
             name, top = fp8[dst_ty]
             kind = getattr(torch, name)
             values = torch.from_numpy(np.clip(as_f32(src), -top, top))  # NaN stays NaN
             return interpreter.TensorHandle(values.to(kind).view(torch.uint8).numpy(), dst_ty)
         if src_ty in fp8 and dst_ty in floats:
+            import torch
+
             kind = getattr(torch, fp8[src_ty][0])
             values = torch.from_numpy(np.ascontiguousarray(src.data).view(np.uint8)).view(kind).float().numpy()
             if dst_ty == tl.bfloat16:

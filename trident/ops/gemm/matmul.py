@@ -167,8 +167,7 @@ def operands(A: torch.Tensor, B: torch.Tensor, cfg: MatmulConfig):
         raise ValueError("config asks for TMA (tma=True) but A or B is not 16-byte aligned with a unit inner stride")
     if not use_tma:
         return A, B, False
-    return (TensorDescriptor.from_tensor(A, [cfg.BLOCK_M, cfg.BLOCK_K]),
-            TensorDescriptor.from_tensor(B, [cfg.BLOCK_K, cfg.BLOCK_N]), True)
+    return TensorDescriptor.from_tensor(A, [cfg.BLOCK_M, cfg.BLOCK_K]), b_operand(B, cfg)[0], True
 
 
 def b_operand(B: torch.Tensor, cfg: MatmulConfig):

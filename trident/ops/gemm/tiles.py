@@ -94,21 +94,20 @@ def tile_dot_range(gemm, off_m, off_n, k_first, k_last):
         a_ptrs = gemm.a + rm.to(tl.int64)[:, None] * gemm.stride_am + (k_first * BLOCK_K + rk)[None, :] * gemm.stride_ak
         if gemm.B_TMA:  # B through its descriptor (zeros past K and N): no pointer tensor of B held in the loop
             col = tl.cast(off_n, tl.int32)  # descriptor offsets are 32-bit
-            for ki in range(k_first, k_last):
-                x = tl.load(a_ptrs, mask=rk[None, :] < gemm.K - ki * BLOCK_K, other=0.0)
-                acc = tl.dot(x, gemm.b.load([ki * BLOCK_K, col]), acc)
-                a_ptrs += BLOCK_K * gemm.stride_ak
         else:
             rn = (off_n + tl.arange(0, BLOCK_N)) % gemm.N
             rows_b = (k_first * BLOCK_K + rk).to(tl.int64)
             b_ptrs = gemm.b + rows_b[:, None] * gemm.stride_bk + rn[None, :] * gemm.stride_bn
-            for ki in range(k_first, k_last):
-                k_left = gemm.K - ki * BLOCK_K
-                x = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        for ki in range(k_first, k_last):
+            k_left = gemm.K - ki * BLOCK_K
+            x = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            if gemm.B_TMA:
+                y = gemm.b.load([ki * BLOCK_K, col])
+            else:
                 y = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-                acc = tl.dot(x, y, acc)
-                a_ptrs += BLOCK_K * gemm.stride_ak
                 b_ptrs += BLOCK_K * gemm.stride_bk
+            acc = tl.dot(x, y, acc)
+            a_ptrs += BLOCK_K * gemm.stride_ak
     return acc
 
 
