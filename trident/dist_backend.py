@@ -61,12 +61,18 @@ COLLECTIVE_METHODS = {
     "all_to_all": "alltoall_base", "broadcast": "broadcast",
     "all_to_all_v": None,  # all_to_all_single with unequal splits: its input is plain, so it goes to the fallback
 }
-#: The reductions trident runs, by torch's op type (``opts.reduceOp.op``); anything else falls back.
+#: The reductions trident runs, by the value of torch's op type (``int(opts.reduceOp.op)``: hashing the
+#: enum itself costs more than a small collective's launch); anything else falls back.
 # (torch's stub declares RedOpType without its members)
-_OP_NAMES = {dist.ReduceOp.RedOpType.SUM: "sum", dist.ReduceOp.RedOpType.MAX: "max",  # type: ignore[attr-defined]
-             dist.ReduceOp.RedOpType.MIN: "min"}  # type: ignore[attr-defined]
-_REDUCIBLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
-              torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+_OP_NAMES = {int(dist.ReduceOp.RedOpType.SUM): "sum", int(dist.ReduceOp.RedOpType.MAX): "max",  # type: ignore[attr-defined]
+             int(dist.ReduceOp.RedOpType.MIN): "min"}  # type: ignore[attr-defined]
+_REDUCIBLE = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                        torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64))
+
+
+def _op_name(opts) -> str | None:
+    """The reduction of a call's options as trident names it, or None (one trident does not run)."""
+    return "sum" if opts is None else _OP_NAMES.get(int(opts.reduceOp.op))
 
 def _make_fallback(ctx, store, rank: int, size: int, timeout) -> dist.ProcessGroupNCCL | dist.ProcessGroupGloo:
     """The group that runs what trident does not: NCCL with a GPU per rank, gloo otherwise."""
@@ -94,6 +100,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         self.group = group_in_region(arena.ctx, ranks, arena.slot(slot), f"{arena.ctx.group_name}-pg{group_id}")
         arena.live.add(self.group)
         self._limit, self._device = arena.group_bytes // 4, arena.ctx.device
+        self._device_index = torch.empty(0, device=self._device).get_device()  # what _ours compares
         self.counts = {"trident": 0, "fallback": 0}
         #: The all-reduce algorithm of ``dist.all_reduce`` on this group: a row of
         #: ``trident.ccl.ALL_REDUCE_ALGORITHMS`` or "auto" (torch's API has no way to pass one).
@@ -129,10 +136,10 @@ class TridentProcessGroup(dist.ProcessGroup):
                                      f"before ctx.close(), or make a new context and group")
         if self.group.closed:
             return False
-        device, limit = self._device, self._limit
-        for t in tensors:
-            if not (t.device == device and t.is_contiguous() and not t.is_complex()
-                    and 0 < t.numel() * t.element_size() <= limit):
+        device, limit = self._device_index, self._limit
+        for t in tensors:  # (get_device: an int, where comparing devices builds a torch.device)
+            if not (t.get_device() == device and t.is_contiguous() and not t.is_complex()
+                    and 0 < t.nbytes <= limit):
                 return False
         return True
 
@@ -162,7 +169,7 @@ class TridentProcessGroup(dist.ProcessGroup):
     # -- what runs on trident -------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         """``dist.all_reduce``: sum, max or min of one tensor on trident; anything else falls back."""
-        op = "sum" if opts is None else _OP_NAMES.get(opts.reduceOp.op)
+        op = _op_name(opts)
         if op is not None and len(tensors) == 1 and tensors[0].dtype in _REDUCIBLE and self._ours(tensors[0]):
             ccl.all_reduce(self.group, tensors[0], op=op, algorithm=self.algorithm)
             self.counts["trident"] += 1
@@ -180,7 +187,7 @@ class TridentProcessGroup(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, out, inp, opts=None):
         """``dist.reduce_scatter_tensor`` (torch <= 2.12's name): sum, max or min on trident."""
-        op = "sum" if opts is None else _OP_NAMES.get(opts.reduceOp.op)
+        op = _op_name(opts)
         if (op and self._ours(out, inp) and out.dtype == inp.dtype and out.dtype in _REDUCIBLE
                 and inp.numel() == out.numel() * self.size()):
             ccl.reduce_scatter(self.group, _flat(out), _flat(inp), op=op)

@@ -96,3 +96,30 @@ def raw_stream_function():
         handle = raw(torch.cuda.current_device())
     """
     return torch._C._cuda_getCurrentRawStream
+
+
+def layout_guard(tensors):
+    """A C check of ``tensors``' layouts: ``guard(*others)`` is True only when ``others`` are tensors
+    of the same Python type, dtype, device, sizes, strides, dispatch keys and ``requires_grad``
+    (in the same grad mode); None where torch offers no such check (then callers compute keys).
+
+    Why: a repeated small call looks its recording up by its operands' layouts, and reading them
+    in Python (``shape``, ``stride()``, ``dtype``, ``device``: about 1.3 us per tensor on a CPU
+    machine, 2026-12-07) was the largest part of a replayed collective's host time. torch's own
+    compiled code checks the same facts in C for every call of a compiled graph: ``TensorGuards`` of
+    ``torch._C._dynamo.guards`` (sizes and strides given as concrete values: none dynamic; the same
+    constructor in 2.11 and 2.13), 0.2 us for two tensors.
+
+    Example::
+
+        guard = layout_guard((x, out))
+        guard(x2, out2)   # True: x2 and out2 have x's and out's layouts
+    """
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        guards = TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                              dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        return guards.check
+    except Exception:  # noqa: BLE001 (a torch without it, or a tensor it cannot check: no guard)
+        return None

@@ -16,6 +16,10 @@ pipeline keeps a new recording only if all its steps saw the generation it ends 
 
 from __future__ import annotations
 
+import torch
+
+from .. import torch_private
+
 #: Entries a cache keeps; past this many layouts the oldest is dropped (a loop over ever-new
 #: shapes must not grow the cache without bound).
 MAX_ENTRIES = 256
@@ -26,11 +30,11 @@ def layout_key(name: str, tensors: tuple, options: tuple, heap: tuple[int, int] 
 
     Per tensor: shape, strides, dtype, device (a host tensor of a recorded GPU call's layout must
     take the full path, whose check refuses it, not a replay that hands its address to a kernel),
-    whether its base is 16-byte aligned (Triton specializes pointers on it; TMA needs it) and
-    whether it starts inside ``heap`` (``(lo, hi)`` addresses,
-    or None: nothing counts as on the heap). Across tensors: which earlier tensor each overlaps
-    (in-place calls and aliasing decide what a call launches). ``None`` entries of ``tensors``
-    (absent optional operands) stay None. Every repeated call computes it, so it is one flat loop.
+    then its :func:`placement`: whether its base is 16-byte aligned (Triton specializes pointers
+    on it; TMA needs it), whether it starts inside ``heap`` (``(lo, hi)`` addresses, or None:
+    nothing counts as on the heap) and which earlier tensor it overlaps (in-place calls and
+    aliasing decide what a call launches). ``None`` entries of ``tensors`` (absent optional
+    operands) stay None.
 
     Returns:
         A key (hashable unless an option is not: :meth:`CallCache.get` answers None for such a
@@ -41,27 +45,119 @@ def layout_key(name: str, tensors: tuple, options: tuple, heap: tuple[int, int] 
 
         key = layout_key("all_reduce", (x, out), ("sum", "auto"), (heap_lo, heap_hi))
     """
-    lo, hi = heap if heap is not None else (0, 0)
-    parts: list[object] = [name, options]
-    spans: list[tuple[int, int]] = []
     try:
-        for t in tensors:
-            if t is None:
-                parts.append(None)
-                spans.append((-1, -1))  # overlaps nothing (an empty tensor's address may be 0)
-                continue
-            ptr = t.data_ptr()
-            end = ptr + t.nbytes
-            overlap = -1
-            for j, (start, stop) in enumerate(spans):
-                if start < end and ptr < stop or start == ptr:
-                    overlap = j
-                    break
-            spans.append((ptr, end))
-            parts.append((t.shape, t.stride(), t.dtype, t.device, not ptr & 15, lo <= ptr < hi, overlap))
+        shapes = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+        ptrs = [None if t is None else t.data_ptr() for t in tensors]
+        sizes = [0 if t is None else t.nbytes for t in tensors]
     except (AttributeError, TypeError, RuntimeError, NotImplementedError):
         return None  # not a tensor, a tensor without storage (meta): the full path
-    return tuple(parts)
+    return name, options, shapes, placement(ptrs, sizes, heap)
+
+
+def placement(ptrs: list, sizes: list, heap: tuple[int, int] | None) -> tuple:
+    """Where a call's tensors lie, as its key sees it: per tensor (None for an absent one) whether
+    its address is 16-byte aligned, whether it lies on ``heap``, and the first earlier tensor it
+    overlaps (-1: none). ``ptrs`` and ``sizes``: addresses (None: absent) and byte sizes.
+
+    Example::
+
+        placement([x.data_ptr(), x.data_ptr()], [x.nbytes] * 2, None)   # ((True, False, -1), (True, False, 0))
+    """
+    lo, hi = heap if heap is not None else (0, 0)
+    facts = []
+    for i, ptr in enumerate(ptrs):
+        if ptr is None:
+            facts.append(None)
+            continue
+        end, overlap = ptr + sizes[i], -1
+        for j in range(i):
+            start = ptrs[j]
+            # an empty tensor's address may be 0: equal addresses count as overlapping
+            if start is not None and (start < end and ptr < start + sizes[j] or start == ptr):
+                overlap = j
+                break
+        facts.append((not ptr & 15, lo <= ptr < hi, overlap))
+    return tuple(facts)
+
+
+#: Layouts per op name and options whose C check :meth:`CallCache.lookup` tries before computing a key.
+RECENT = 4
+
+
+class _Guarded:
+    """A kept entry with its layout's C check (:func:`trident.torch_private.layout_guard`) and
+    what a call must add to pass it: its addresses' :func:`placement` (remembered per address
+    tuple: a loop's fresh tensors come back at a few addresses)."""
+
+    __slots__ = ("guard", "plain", "absent", "repeats", "distinct", "sizes", "heap", "placement", "entry", "seen")
+
+    def __init__(self, guard, tensors: tuple, heap, placement: tuple, entry):
+        self.guard, self.heap, self.placement, self.entry = guard, heap, placement, entry
+        self.absent = tuple(i for i, t in enumerate(tensors) if t is None)
+        first: dict[int, int] = {}  # id -> the first position of each distinct tensor (the guard sees each once)
+        repeats, distinct = [], []
+        for i, t in enumerate(tensors):
+            if t is None:
+                continue
+            j = first.setdefault(id(t), i)
+            if j == i:
+                distinct.append(i)
+            else:
+                repeats.append((i, j))
+        self.repeats, self.distinct = tuple(repeats), tuple(distinct)
+        self.plain = not self.absent and not self.repeats  # the guard takes the operands as they come
+        self.sizes = [0 if t is None else t.nbytes for t in tensors]
+        self.seen: dict[tuple, bool] = {}
+
+    def addresses(self, tensors: tuple, heap):
+        """``tensors``' addresses (None for an absent one) when they have the kept layout and
+        placement, else None. An operand that was the same tensor as an earlier one (in place)
+        must be that tensor again; one that was absent must be absent again."""
+        try:
+            if self.plain:
+                if not self.guard(*tensors):
+                    return None
+                ptrs = tuple(map(_data_ptr, tensors))
+            else:
+                if len(tensors) != len(self.sizes):
+                    return None
+                for i in self.absent:
+                    if tensors[i] is not None:
+                        return None
+                for i, j in self.repeats:
+                    if tensors[i] is not tensors[j]:
+                        return None
+                if not self.guard(*[tensors[i] for i in self.distinct]):
+                    return None
+                ptrs = tuple(map(_address, tensors))
+        except TypeError:  # another number of operands, an operand that is not a tensor
+            return None
+        if heap != self.heap:
+            return None
+        same = self.seen.get(ptrs)
+        if same is None:
+            same = placement(ptrs, self.sizes, heap) == self.placement
+            if len(self.seen) >= _SEEN:
+                self.seen.clear()
+            self.seen[ptrs] = same
+        return ptrs if same else None
+
+
+def _distinct(tensors: tuple) -> list:
+    """The tensors of ``tensors`` (not None), each once: torch's guard refuses a tensor seen twice."""
+    out: list = []
+    for t in tensors:
+        if t is not None and not any(t is u for u in out):
+            out.append(t)
+    return out
+
+
+_data_ptr = torch.Tensor.data_ptr
+
+
+def _address(t) -> int | None:
+    return None if t is None else t.data_ptr()
+_SEEN = 64  # address tuples a _Guarded remembers
 
 
 class CallCache:
@@ -78,13 +174,15 @@ class CallCache:
             team.call_cache.put(key, entry)
     """
 
-    __slots__ = ("_resources", "_entries", "max_entries", "__weakref__")
+    __slots__ = ("_resources", "_entries", "_guarded", "_recent", "max_entries", "__weakref__")
 
     def __init__(self, resources=None, max_entries: int = MAX_ENTRIES):
         self._resources = resources
         if resources is not None:
             resources.caches.add(self)  # cleared at once when the memory moves (Resources.moved)
         self._entries: dict = {}
+        self._guarded: dict = {}  # key -> _Guarded: the entry with its layout's C check
+        self._recent: dict = {}  # (name, options) -> the _Guarded that lookup tries first, latest used first
         self.max_entries = max_entries
 
     @property
@@ -93,6 +191,41 @@ class CallCache:
         memory that has moved since (the pipeline keeps it only if all its steps saw this one)."""
         return 0 if self._resources is None else self._resources.generation
 
+    def lookup(self, name: str, options: tuple, tensors: tuple, heap: tuple[int, int] | None):
+        """The entry kept for this call's layout: ``(entry, addresses)`` (the tensors' ``data_ptr()``,
+        None for an absent one) when there is one, else ``(None, key)`` (the :func:`layout_key` to
+        :meth:`put` the call's entry under; None: the call cannot be kept).
+
+        The layouts last used with ``name`` and ``options`` (up to :data:`RECENT`) are checked
+        first, in C (sizes, strides, dtype, device: a few hundred nanoseconds, a repeated call's
+        usual case), then their :func:`placement` from the addresses; any other call computes
+        its key in Python.
+
+        Example::
+
+            entry, found = cache.lookup("all_reduce", ("sum", "auto"), (x, out), team.heap_range)
+            if entry is not None:
+                entry.replay((x, out), ptrs=found)
+        """
+        try:
+            recent = self._recent.get((name, options), ())
+        except TypeError:
+            recent = ()  # an option that cannot be hashed: layout_key's key says so below
+        for place, kept in enumerate(recent):
+            ptrs = kept.addresses(tensors, heap)
+            if ptrs is not None:
+                if place:  # the layout used last is checked first next time
+                    self._recent[name, options] = [kept, *(k for k in recent if k is not kept)]
+                return kept.entry, ptrs
+        key = layout_key(name, tensors, options, heap)
+        entry = self.get(key)
+        if entry is None:
+            return None, key
+        kept = self._guarded.get(key)
+        if kept is not None:  # used again: among the first checked
+            self._recent[key[:2]] = [kept, *(k for k in recent if k is not kept)][:RECENT]
+        return entry, [None if t is None else t.data_ptr() for t in tensors]
+
     def get(self, key):
         """The entry kept for ``key``, or None (also for a key that cannot be hashed)."""
         try:
@@ -100,16 +233,29 @@ class CallCache:
         except TypeError:
             return None
 
-    def put(self, key, entry) -> None:
+    def put(self, key, entry, tensors: tuple | None = None, heap: tuple[int, int] | None = None) -> None:
         """Keep ``entry`` for ``key`` (the oldest entry goes past :attr:`max_entries`; a key that
-        cannot be hashed keeps nothing)."""
+        cannot be hashed keeps nothing). With the call's ``tensors`` (and the ``heap`` its key
+        was made with), :meth:`lookup` checks the entry's layout in C, first among its name's and
+        options'."""
         try:
             hash(key)
         except TypeError:
             return  # an option that cannot be hashed: such calls are not kept
         if key not in self._entries and len(self._entries) >= self.max_entries:
-            del self._entries[next(iter(self._entries))]
+            self._drop(next(iter(self._entries)))
         self._entries[key] = entry
+        guard = None if tensors is None else torch_private.layout_guard(_distinct(tensors))
+        if guard is not None:
+            kept = _Guarded(guard, tensors, heap, key[3], entry)
+            self._guarded[key] = kept
+            self._recent[key[:2]] = [kept, *self._recent.get(key[:2], ())][:RECENT]
+
+    def _drop(self, key) -> None:
+        del self._entries[key]
+        kept = self._guarded.pop(key, None)
+        if kept is not None and kept in self._recent.get(key[:2], ()):
+            self._recent[key[:2]] = [k for k in self._recent[key[:2]] if k is not kept]
 
     def ops(self) -> list[str]:
         """The op name of every entry, oldest first (the first part of its key).
@@ -132,6 +278,8 @@ class CallCache:
     def clear(self) -> None:
         """Forget every entry."""
         self._entries.clear()
+        self._guarded.clear()
+        self._recent.clear()
 
     def __len__(self) -> int:
         return len(self._entries)

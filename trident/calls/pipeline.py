@@ -32,7 +32,6 @@ from ..errors import TopologyError
 from ..runtime.device_loss import raise_explained
 from ..runtime.resources import note_call
 from ..runtime.team import Team
-from .cache import layout_key
 from .recording import Recording
 
 
@@ -96,16 +95,15 @@ def run_call(team: Team, op: Op, tensors: tuple, options: tuple = ()):
     cache = team.call_cache
     key = None
     if not team.debug and (op.cacheable is None or op.cacheable(options)):
-        key = layout_key(op.name, tensors, options if op.key_options is None else op.key_options(options),
-                         team.heap_range)
-        if key is not None:
-            entry = cache.get(key)
-            if entry is not None:
-                try:
-                    entry.replay(tensors, options)
-                except RuntimeError as error:
-                    raise_explained(team, error)
-                return entry
+        entry, found = cache.lookup(op.name, options if op.key_options is None else op.key_options(options),
+                                    tensors, team.heap_range)
+        if entry is not None:
+            try:
+                entry.replay(tensors, options, ptrs=found)
+            except RuntimeError as error:
+                raise_explained(team, error)
+            return entry
+        key = found
     _check(team, op, tensors, options)
     rec = Recording(tensors, team.heap_range, on_gpu=not team.platform.simulator,
                     generation=lambda: cache.generation)
@@ -116,7 +114,7 @@ def run_call(team: Team, op: Op, tensors: tuple, options: tuple = ()):
         raise_explained(team, error)
     # Kept only if every step launched on the buffers as they are now (none moved after a step).
     if key is not None and rec.kept and rec.generations <= {cache.generation}:
-        cache.put(key, rec)
+        cache.put(key, rec, tensors, team.heap_range)
     return rec
 
 

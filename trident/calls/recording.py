@@ -231,13 +231,15 @@ class Recording:
         self.kept = False
 
     # -- later calls ------------------------------------------------------------------------------
-    def replay(self, tensors: tuple, options: tuple = ()) -> None:
+    def replay(self, tensors: tuple, options: tuple = (), ptrs: list | None = None) -> None:
         """Run the call again on ``tensors`` (the same layout as the recorded ones) and ``options``
-        (which only :meth:`per_call` steps read: the rest are in the cache key)."""
+        (which only :meth:`per_call` steps read: the rest are in the cache key); ``ptrs``: their
+        ``data_ptr()`` when the caller has them (:meth:`CallCache.lookup`)."""
         if self.rerun is not None:
             self.rerun(*tensors)
             return
-        ptrs = [0 if t is None else t.data_ptr() for t in tensors]
+        if ptrs is None:
+            ptrs = [None if t is None else t.data_ptr() for t in tensors]
         for step in self.steps:
             step(ptrs, tensors, options)
 

@@ -23,7 +23,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import platform as _platform
 from ... import trace
-from ...calls import CallCache, Recording, layout_key
+from ...calls import CallCache, Recording
 from ...device.bundles import Gemm, Output
 from ...kernels.descriptors import Rebased
 from ...kernels.prepared import by_address, prepare, rebased
@@ -296,7 +296,7 @@ _PART_ARG, _COUNT_ARG = matmul_kernel.arg_names.index("part_ptr"), matmul_kernel
 
 
 class _PreparedMatmul:
-    """A matmul launch for one call signature (:func:`_signature`): the first call's grid, config and
+    """A matmul launch for one call layout (:func:`trident.calls.layout_key`): the first call's grid, config and
     compiled kernel, launched again on a later call's tensors. Only the addresses change between such
     calls, so a later call skips the config and tile-cut choice, building and checking descriptors, and
     Triton's argument binding and specialization (most of a small call's host time)."""
@@ -326,13 +326,6 @@ class _PreparedMatmul:
 
 #: ``matmul``'s prepared launches by layout (the one small-call cache's class; no team, so no generation).
 _PREPARED = CallCache()
-
-
-def _signature(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, config: MatmulConfig | None):
-    """What fixes a matmul launch's compiled kernel and grid, all but the addresses: the operands'
-    layouts (shapes, strides, dtypes, devices, 16-byte alignment: Triton specializes pointers on it,
-    TMA needs it) and the config."""
-    return layout_key("matmul", (A, B, C), (config,), None)
 
 
 def matmul(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
@@ -368,11 +361,10 @@ def matmul(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
         return out
     if A.shape[1] == 0:
         return out.zero_()
-    key = _signature(A, B, out, config)
-    prepared = _PREPARED.get(key)
+    prepared, found = _PREPARED.lookup("matmul", (config,), (A, B, out), None)
     if prepared is not None:
         prepared(A, B, out)
-    else:  # the first call with this signature: Triton's full launch, kept for the next
+    else:  # the first call with this layout: Triton's full launch, kept for the next
         cfg = config or pick_config(M, N, A.shape[1], A.dtype, _platform.for_device(A.device))
-        _PREPARED.put(key, _PreparedMatmul(A, B, out, cfg))
+        _PREPARED.put(found, _PreparedMatmul(A, B, out, cfg), (A, B, out))
     return out
