@@ -70,9 +70,16 @@ _REDUCIBLE = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.floa
                         torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64))
 
 
+_SUM = dist.ReduceOp.SUM
+
+
 def _op_name(opts) -> str | None:
-    """The reduction of a call's options as trident names it, or None (one trident does not run)."""
-    return "sum" if opts is None else _OP_NAMES.get(int(opts.reduceOp.op))
+    """The reduction of a call's options as trident names it, or None (one trident does not run).
+    The usual sum is one comparison (reading the op's type costs as much again)."""
+    if opts is None:
+        return "sum"
+    op = opts.reduceOp
+    return "sum" if op == _SUM else _OP_NAMES.get(int(op.op))
 
 def _make_fallback(ctx, store, rank: int, size: int, timeout) -> dist.ProcessGroupNCCL | dist.ProcessGroupGloo:
     """The group that runs what trident does not: NCCL with a GPU per rank, gloo otherwise."""
@@ -130,11 +137,12 @@ class TridentProcessGroup(dist.ProcessGroup):
     def _ours(self, *tensors) -> bool:
         """Whether trident runs a call on these tensors (else the fallback does). Never once the
         trident slot is gone (its heap_scope ended); a closed context raises ContextClosedError."""
-        if self.ctx.closed:
-            raise ContextClosedError(f"rank {self.ctx.rank}: torch group {self.group.group_name} (backend 'trident'): "
-                                     f"its trident context is closed; destroy the group (dist.destroy_process_group) "
-                                     f"before ctx.close(), or make a new context and group")
-        if self.group.closed:
+        if self.group.closed:  # (the group of a closed context is closed too)
+            if self.ctx.closed:
+                raise ContextClosedError(
+                    f"rank {self.ctx.rank}: torch group {self.group.group_name} (backend 'trident'): its trident "
+                    f"context is closed; destroy the group (dist.destroy_process_group) before ctx.close(), or "
+                    f"make a new context and group")
             return False
         device, limit = self._device_index, self._limit
         for t in tensors:  # (get_device: an int, where comparing devices builds a torch.device)
