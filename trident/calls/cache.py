@@ -7,6 +7,12 @@ strides and dtypes, where each lies (on the heap or not, 16-byte aligned or not,
 share memory), and its options. So the cache is keyed on that, never on addresses, and a
 recorded call is replayed with this call's addresses bound in (:mod:`trident.calls.recording`).
 
+Finding the entry is most of a repeated call's own host time, so :meth:`CallCache.lookup` first
+tries the layouts last used with the call's op and options through torch's C check of sizes,
+strides, dtype and device (the one compiled graphs run on every call), then the placement of the
+call's addresses (remembered per address tuple); only a call that matches none of them computes
+its :func:`layout_key` in Python.
+
 Each team (a context, a group) has one :class:`CallCache` (``team.call_cache``), registered with
 the team's resources (:class:`trident.runtime.resources.Resources`): a workspace buffer that grew,
 a ``heap_scope`` that ended or a ``close()`` starts a new *generation* of them and clears every
