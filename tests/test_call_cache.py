@@ -68,8 +68,11 @@ def test_repeated_calls_replay_their_plan_with_new_data(pool, plain):
 
 
 def _all_to_all_v_new_splits(ctx):
-    """all_to_all_v three times on the same buffers, the split sizes new every call (the rows each rank
-    sends and receives in all stay the same): one entry, replayed with each call's splits."""
+    """all_to_all_v on the same buffers, the split sizes new or repeated from call to call, given on the
+    host or the device (the rows each rank sends and receives in all stay the same; the simulator's
+    "device" is the CPU, so there every call takes the host path): one entry,
+    replayed with each call's splits. A host call repeating the last host splits uploads nothing; one
+    after device splits (which rewrote the table) must upload them again."""
     w, r = ctx.world_size, ctx.rank
 
     def rows(sender, receiver, step):  # 3 for one receiver per sender (a new one each step), else 5
@@ -77,10 +80,13 @@ def _all_to_all_v_new_splits(ctx):
 
     total = 3 + 5 * (w - 1)
     inp, out, wrong = ctx.zeros(total, 2), torch.zeros(total, 2, device=ctx.device), []
-    for step in range(3):
+    for step, on_device in [(0, False), (0, False), (1, False), (2, True), (1, False), (1, False)]:
         sends = [rows(r, p, step) for p in range(w)]
         inp.copy_(torch.cat([torch.full((sends[p], 2), 1000.0 * r + 10 * p + step) for p in range(w)]))
-        ccl.all_to_all_v(ctx, out, inp, [rows(p, r, step) for p in range(w)], sends)
+        receives = [rows(p, r, step) for p in range(w)]
+        if on_device:
+            sends, receives = (torch.tensor(v, device=ctx.device) for v in (sends, receives))
+        ccl.all_to_all_v(ctx, out, inp, receives, sends)
         want = torch.cat([torch.full((rows(p, r, step), 2), 1000.0 * p + 10 * r + step) for p in range(w)])
         if not torch.equal(out.cpu(), want):
             wrong.append(f"step {step}: {out[:, 0].tolist()}")

@@ -267,14 +267,18 @@ def _split_table(team: Team, in_splits, out_splits, rows_in: int, rows_out: int)
     checking them would make the host wait for the device (and break graph capture), and the
     table is made there.
     """
-    table, w = workspace(team).table, team.world_size
+    space, w = workspace(team), team.world_size
     given = (("in_splits", in_splits, rows_in), ("out_splits", out_splits, rows_out))
     if any(isinstance(splits, torch.Tensor) and not splits.is_cpu for _, splits, _ in given):
-        _device_split_table(team, table, given)
+        space.table_holds = None  # made on the device: not known on the host
+        _device_split_table(team, space.table, given)
         return
     sent, received = (_host_splits(team, name, splits, rows) for name, splits, rows in given)
     refuse_in_capture(team, "all_to_all_v with split sizes given on the host (pass device tensors in a graph)")
-    workspace(team).uploads.write(table[:3 * w], [*sent, *_starts(sent), *_starts(received)])
+    values = [*sent, *_starts(sent), *_starts(received)]
+    if values != space.table_holds:  # the same splits as the last call (a loop's usual case): nothing to upload
+        space.uploads.write(space.table[:3 * w], values)
+        space.table_holds = values
 
 
 def _starts(sizes: list[int]) -> list[int]:

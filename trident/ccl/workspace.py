@@ -26,6 +26,8 @@ class Workspace:
         table: ``3 * world_size`` int64 words: the split table of ``all_to_all_v``.
         uploads: page-locked buffers that fill ``table`` from host split sizes without making the
             host wait for the device (:class:`trident.runtime.uploads.Uploads`).
+        table_holds: the values the last upload queued into ``table`` (None: unknown, e.g. made on
+            the device): a call with the same split sizes uploads nothing.
     """
 
     def __init__(self, ctx):
@@ -33,6 +35,7 @@ class Workspace:
         self.sync = ctx.zeros(sync_words(ctx.world_size), dtype=torch.int64)
         self.table = ctx.zeros(3 * ctx.world_size, dtype=torch.int64)
         self.uploads = Uploads(pinned=not ctx.platform.simulator)
+        self.table_holds: list[int] | None = None
         self._buffers: dict[str, GrowingBuffer] = {}
         # A faster rank must not signal into our sync slots before we have zeroed them.
         ctx.barrier()
