@@ -339,7 +339,8 @@ def test_latency_host_time_round_trip_and_small_collectives(pool2, tmp_path):
     assert {r["part"] for r in rec["rows"]} == {"host", "round_trip", "collective"}
     host = {r["name"]: r for r in rec["rows"] if r["part"] == "host"}
     assert {"empty triton launch", "torch x.add_(1)", "torch.matmul small", "all_reduce 1 KiB (heap)",
-            "all_reduce 1 KiB (plain)", "all_to_all 1 KiB per peer", "device_barrier", "gemm_all_scatter small",
+            "all_reduce 1 KiB (plain)", "all_to_all 1 KiB per peer", "all_to_all_v 1 KiB per peer",
+            "all_to_all_v 1 KiB per peer, new splits", "device_barrier", "gemm_all_scatter small",
             "all_gather_gemm small", "gemm_reduce_scatter small"} <= set(host)
     assert {" ".join(name.split(" ")[:-2]) for name, r in host.items() if r["group"] == "moe"} == {
         "moe_dispatch", "moe_combine", "moe_dispatch masked", "moe_combine masked"}

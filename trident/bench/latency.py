@@ -22,6 +22,7 @@ concurrently; then latency and host time are real figures, never bandwidth.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -118,9 +119,15 @@ def _host_cases(ctx, small_only: bool, dist_group=None):
               ("reduce_scatter 1 KiB", "collective", lambda: trident.ccl.reduce_scatter(ctx, part, big)),
               ("all_to_all 1 KiB per peer", "collective", lambda: trident.ccl.all_to_all(ctx, exchanged, big)),
               ("broadcast 1 KiB", "collective", lambda: trident.ccl.broadcast(ctx, x, 0)),
-              ("all_to_all_v 1 KiB per peer", "collective",
+              ("all_to_all_v 1 KiB per peer", "collective",  # the same splits every call: no upload
                lambda: trident.ccl.all_to_all_v(ctx, exchanged, big, [n] * w, [n] * w)),
               ("device_barrier", "collective", ctx.device_barrier)]
+    if w > 1:  # split sizes that change every call (one rank has only one): each call uploads its table
+        r = ctx.rank  # rank r sends c[(p - r) % w] rows to rank p: every rank sends and receives n * w rows
+        turns = itertools.cycle([([c[(r - p) % w] for p in range(w)], [c[(p - r) % w] for p in range(w)])
+                                 for c in ([n] * w, [n + 1, n - 1, *[n] * (w - 2)])])
+        cases.append(("all_to_all_v 1 KiB per peer, new splits", "collective",
+                      lambda: trident.ccl.all_to_all_v(ctx, exchanged, big, *next(turns))))
     # The entries users call: torch's custom ops (a fresh output every call, as a compiled model
     # makes) and torch.distributed on a trident group, each against the ccl call beneath it.
     name, ops, floor = ctx.group_name, torch.ops.trident, custom_op_floor()
