@@ -22,6 +22,8 @@ pipeline keeps a new recording only if all its steps saw the generation it ends 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from .. import torch_private
@@ -60,7 +62,7 @@ def layout_key(name: str, tensors: tuple, options: tuple, heap: tuple[int, int] 
     return name, options, shapes, placement(ptrs, sizes, heap)
 
 
-def placement(ptrs: list, sizes: list, heap: tuple[int, int] | None) -> tuple:
+def placement(ptrs: Sequence[int | None], sizes: Sequence[int], heap: tuple[int, int] | None) -> tuple:
     """Where a call's tensors lie, as its key sees it: per tensor (None for an absent one) whether
     its address is 16-byte aligned, whether it lies on ``heap``, and the first earlier tensor it
     overlaps (-1: none). ``ptrs`` and ``sizes``: addresses (None: absent) and byte sizes.
@@ -70,7 +72,7 @@ def placement(ptrs: list, sizes: list, heap: tuple[int, int] | None) -> tuple:
         placement([x.data_ptr(), x.data_ptr()], [x.nbytes] * 2, None)   # ((True, False, -1), (True, False, 0))
     """
     lo, hi = heap if heap is not None else (0, 0)
-    facts = []
+    facts: list[tuple[bool, bool, int] | None] = []
     for i, ptr in enumerate(ptrs):
         if ptr is None:
             facts.append(None)
@@ -123,7 +125,7 @@ class _Guarded:
             if self.plain:
                 if not self.guard(*tensors):
                     return None
-                ptrs = tuple(map(_data_ptr, tensors))
+                ptrs: tuple = tuple(map(_data_ptr, tensors))
             else:
                 if len(tensors) != len(self.sizes):
                     return None
@@ -252,7 +254,7 @@ class CallCache:
             self._drop(next(iter(self._entries)))
         self._entries[key] = entry
         guard = None if tensors is None else torch_private.layout_guard(_distinct(tensors))
-        if guard is not None:
+        if guard is not None and tensors is not None:
             kept = _Guarded(guard, tensors, heap, key[3], entry)
             self._guarded[key] = kept
             self._recent[key[:2]] = [kept, *self._recent.get(key[:2], ())][:RECENT]
