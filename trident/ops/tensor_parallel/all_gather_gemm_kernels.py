@@ -17,7 +17,8 @@ rank walks the shards starting with its own, whose rows need no communication.
   release one flag per block; every program runs the GEMM, the gather programs once every block is
   taken: own rows straight from ``A_local`` (no copy, no wait), a peer's block from ``a_full`` once
   its flag is acquired. Blocks and tiles are claimed from the call's work counters (a dynamic
-  schedule), so no program idles while tiles remain, and a tile waits only on a block that a
+  schedule; a program claims its next tile before computing the one it holds), so no program idles
+  while tiles remain, and a tile waits only on a block that a
   program already running has claimed, however few programs of the launch are resident at a time;
   at one rank there is nothing to gather (no gather programs).
 
@@ -151,6 +152,9 @@ def gather_gemm_kernel(
     tiles = world_size * blocks * tl.cdiv(N, BLOCK_N)
     tile = claim_work(call, 1)
     while tile < tiles:
+        # The next tile is claimed before this one is computed, so the atomic's round trip hides behind
+        # the K loop instead of holding up the next tile's first loads (the claims stay in program order).
+        next_tile = claim_work(call, 1)
         src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, TILE[3])
         t0 = trace.now_if(TRACE)
         own = src == rank  # my own rows are read where they are, with no wait
@@ -169,5 +173,5 @@ def gather_gemm_kernel(
                             BLOCK_M, BLOCK_N, TILE[2], TILE[3], False, B_TMA), pid_m, pid_n)
         _store_rows(c, shape, strides, src, acc, pid_m, pid_n, BLOCK_M, BLOCK_N)
         trace.record(trace_ptr, trace.COMPUTE, tile, src, t0, rank, TRACE)
-        tile = claim_work(call, 1)
+        tile = next_tile
     finish_call(call, team)
