@@ -11,6 +11,8 @@ GPU machine's torch 2.11.0+cu130 (the one-rank runs behind docs/figures.md: ``tr
 torch 2.13 (the development machine and CI, a CPU build: there ``ProcessGroupNCCL`` is missing
 and ``_timeout`` was checked on its base class, ``Backend.Options``). ``custom_cuda_allocator`` has
 not run on a GPU yet (written 2026-12-04 while no GPU was lent; the GPU suite's heap-pool tests run it).
+``layout_guard`` ran on the GPU machine's torch 2.11 on 2026-12-07 (the call-cache, custom-op, dist
+backend and CUDA-graph tests) and on torch 2.13 here.
 """
 
 from __future__ import annotations
