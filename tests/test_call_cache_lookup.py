@@ -132,3 +132,40 @@ def test_a_non_tensor_operand_is_never_kept():
     cache = CallCache()
     _kept(cache, "all_reduce", (torch.ones(64), torch.empty(64)))
     assert _found(cache, (torch.ones(64), 3)) == (None, None)
+
+
+def _keys_computed(monkeypatch) -> list:
+    """Record each layout_key the cache computes (a call its C checks did not find)."""
+    from trident.calls import cache as cache_module
+
+    computed: list = []
+    real = cache_module.layout_key
+    monkeypatch.setattr(cache_module, "layout_key", lambda *args: computed.append(args[0]) or real(*args))
+    return computed
+
+
+def test_inference_mode_tensors_are_checked_in_c_from_their_second_call(monkeypatch):
+    """A layout kept outside inference mode, called inside it (a serving loop after a warm-up): torch's
+    check sees such tensors otherwise, so the first call is found by its key and the check is made
+    again from its tensors; the next calls are found in C."""
+    cache = CallCache()
+    kept = _kept(cache, "all_reduce", (torch.ones(64), torch.empty(64)))
+    computed = _keys_computed(monkeypatch)
+    with torch.inference_mode():
+        for _ in range(3):
+            assert _found(cache, (torch.ones(64), torch.empty(64)))[0] is kept
+    assert computed == ["all_reduce"]
+
+
+def test_a_layout_used_in_both_modes_is_always_found_and_renewed_a_bounded_number_of_times(monkeypatch):
+    from trident.calls.cache import RENEWALS
+
+    cache = CallCache()
+    kept = _kept(cache, "all_reduce", (torch.ones(64), torch.empty(64)))
+    computed = _keys_computed(monkeypatch)
+    for turn in range(3 * RENEWALS):
+        with torch.inference_mode(turn % 2 == 0):
+            assert _found(cache, (torch.ones(64), torch.empty(64)))[0] is kept
+    # Each of the first RENEWALS calls renews the check for its mode; afterwards the check stays with
+    # the last renewed mode (found in C) and calls in the other mode are found by their key.
+    assert len(computed) == RENEWALS + RENEWALS

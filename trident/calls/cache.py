@@ -90,6 +90,9 @@ def placement(ptrs: Sequence[int | None], sizes: Sequence[int], heap: tuple[int,
 
 #: Layouts per op name and options whose C check :meth:`CallCache.lookup` tries before computing a key.
 RECENT = 4
+#: Times a kept layout's check is made again from a call it refused although the key matched (torch
+#: sees that call's tensors otherwise: inference mode, requires_grad); past this the key finds it.
+RENEWALS = 4
 
 
 class _Guarded:
@@ -97,10 +100,12 @@ class _Guarded:
     what a call must add to pass it: its addresses' :func:`placement` (remembered per address
     tuple: a loop's fresh tensors come back at a few addresses)."""
 
-    __slots__ = ("guard", "plain", "absent", "repeats", "distinct", "sizes", "heap", "placement", "entry", "seen")
+    __slots__ = ("guard", "plain", "absent", "repeats", "distinct", "sizes", "heap", "placement", "entry", "seen",
+                 "renewals")
 
-    def __init__(self, guard, tensors: tuple, heap, placement: tuple, entry):
+    def __init__(self, guard, tensors: tuple, heap, placement: tuple, entry, renewals: int = 0):
         self.guard, self.heap, self.placement, self.entry = guard, heap, placement, entry
+        self.renewals = renewals  # times the check was made again from a later call's tensors
         self.absent = tuple(i for i, t in enumerate(tensors) if t is None)
         first: dict[int, int] = {}  # id -> the first position of each distinct tensor (the guard sees each once)
         repeats, distinct = [], []
@@ -230,8 +235,12 @@ class CallCache:
         if entry is None:
             return None, key
         kept = self._guarded.get(key)
+        if kept is not None and kept in recent and kept.renewals < RENEWALS:
+            # Its check refused this call's tensors, which have its layout: torch sees them otherwise
+            # (made under inference_mode, requiring grad). Checked against these from now on.
+            kept = self._guard(key, entry, tensors, heap, kept.renewals + 1) or kept
         if kept is not None:  # used again: among the first checked
-            self._recent[key[:2]] = [kept, *(k for k in recent if k is not kept)][:RECENT]
+            self._recent[key[:2]] = [kept, *(k for k in recent if k is not kept and k.entry is not entry)][:RECENT]
         return entry, [None if t is None else t.data_ptr() for t in tensors]
 
     def get(self, key):
@@ -253,11 +262,17 @@ class CallCache:
         if key not in self._entries and len(self._entries) >= self.max_entries:
             self._drop(next(iter(self._entries)))
         self._entries[key] = entry
-        guard = None if tensors is None else torch_private.layout_guard(_distinct(tensors))
-        if guard is not None and tensors is not None:
-            kept = _Guarded(guard, tensors, heap, key[3], entry)
-            self._guarded[key] = kept
+        kept = None if tensors is None else self._guard(key, entry, tensors, heap, 0)
+        if kept is not None:
             self._recent[key[:2]] = [kept, *self._recent.get(key[:2], ())][:RECENT]
+
+    def _guard(self, key, entry, tensors: tuple, heap, renewals: int):
+        """``entry``'s layout check made from ``tensors`` (kept for ``key``), or None without torch's."""
+        guard = torch_private.layout_guard(_distinct(tensors))
+        if guard is None:
+            return None
+        kept = self._guarded[key] = _Guarded(guard, tensors, heap, key[3], entry, renewals)
+        return kept
 
     def _drop(self, key) -> None:
         del self._entries[key]
