@@ -93,6 +93,8 @@ RECENT = 4
 #: Times a kept layout's check is made again from a call it refused although the key matched (torch
 #: sees that call's tensors otherwise: inference mode, requires_grad); past this the key finds it.
 RENEWALS = 4
+#: Address tuples whose placement a kept layout remembers (then it starts over).
+_SEEN = 64
 
 
 class _Guarded:
@@ -170,7 +172,6 @@ _data_ptr = torch.Tensor.data_ptr
 
 def _address(t) -> int | None:
     return None if t is None else t.data_ptr()
-_SEEN = 64  # address tuples a _Guarded remembers
 
 
 class CallCache:
