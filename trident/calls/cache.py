@@ -55,7 +55,7 @@ def layout_key(name: str, tensors: tuple, options: tuple, heap: tuple[int, int] 
     """
     try:
         shapes = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in tensors)
-        ptrs = [None if t is None else t.data_ptr() for t in tensors]
+        ptrs = addresses(tensors)
         sizes = [0 if t is None else t.nbytes for t in tensors]
     except (AttributeError, TypeError, RuntimeError, NotImplementedError):
         return None  # not a tensor, a tensor without storage (meta): the full path
@@ -108,23 +108,23 @@ class _Guarded:
     def __init__(self, guard, tensors: tuple, heap, placement: tuple, entry, renewals: int = 0):
         self.guard, self.heap, self.placement, self.entry = guard, heap, placement, entry
         self.renewals = renewals  # times the check was made again from a later call's tensors
-        self.absent = tuple(i for i, t in enumerate(tensors) if t is None)
         first: dict[int, int] = {}  # id -> the first position of each distinct tensor (the guard sees each once)
-        repeats, distinct = [], []
+        absent, repeats, distinct = [], [], []
         for i, t in enumerate(tensors):
             if t is None:
+                absent.append(i)
                 continue
             j = first.setdefault(id(t), i)
             if j == i:
                 distinct.append(i)
             else:
                 repeats.append((i, j))
-        self.repeats, self.distinct = tuple(repeats), tuple(distinct)
+        self.absent, self.repeats, self.distinct = tuple(absent), tuple(repeats), tuple(distinct)
         self.plain = not self.absent and not self.repeats  # the guard takes the operands as they come
         self.sizes = [0 if t is None else t.nbytes for t in tensors]
         self.seen: dict[tuple, bool] = {}
 
-    def addresses(self, tensors: tuple, heap):
+    def matching_addresses(self, tensors: tuple, heap):
         """``tensors``' addresses (None for an absent one) when they have the kept layout and
         placement, else None. An operand that was the same tensor as an earlier one (in place)
         must be that tensor again; one that was absent must be absent again."""
@@ -144,7 +144,7 @@ class _Guarded:
                         return None
                 if not self.guard(*[tensors[i] for i in self.distinct]):
                     return None
-                ptrs = tuple(map(_address, tensors))
+                ptrs = addresses(tensors)
         except TypeError:  # another number of operands, an operand that is not a tensor
             return None
         if heap != self.heap:
@@ -172,6 +172,16 @@ _data_ptr = torch.Tensor.data_ptr
 
 def _address(t) -> int | None:
     return None if t is None else t.data_ptr()
+
+
+def addresses(tensors: tuple) -> tuple:
+    """Each tensor's ``data_ptr()`` (None for an absent one): what a replay binds.
+
+    Example::
+
+        addresses((x, None))   # (x.data_ptr(), None)
+    """
+    return tuple(map(_address, tensors))
 
 
 class CallCache:
@@ -226,7 +236,7 @@ class CallCache:
         except TypeError:
             recent = ()  # an option that cannot be hashed: layout_key's key says so below
         for place, kept in enumerate(recent):
-            ptrs = kept.addresses(tensors, heap)
+            ptrs = kept.matching_addresses(tensors, heap)
             if ptrs is not None:
                 if place:  # the layout used last is checked first next time
                     self._recent[name, options] = [kept, *(k for k in recent if k is not kept)]
@@ -242,7 +252,7 @@ class CallCache:
             kept = self._guard(key, entry, tensors, heap, kept.renewals + 1) or kept
         if kept is not None:  # used again: among the first checked
             self._recent[key[:2]] = [kept, *(k for k in recent if k is not kept and k.entry is not entry)][:RECENT]
-        return entry, [None if t is None else t.data_ptr() for t in tensors]
+        return entry, addresses(tensors)
 
     def get(self, key):
         """The entry kept for ``key``, or None (also for a key that cannot be hashed)."""

@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from copy import copy as shallow_copy
 
 import torch
@@ -40,6 +41,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .. import torch_private
 from ..errors import TridentError
 from ..kernels.prepared import by_address, prepare, rebased
+from .cache import addresses
 
 
 class UnreplayableCall(TridentError):
@@ -231,7 +233,7 @@ class Recording:
         self.kept = False
 
     # -- later calls ------------------------------------------------------------------------------
-    def replay(self, tensors: tuple, options: tuple = (), ptrs: list | None = None) -> None:
+    def replay(self, tensors: tuple, options: tuple = (), ptrs: Sequence[int | None] | None = None) -> None:
         """Run the call again on ``tensors`` (the same layout as the recorded ones) and ``options``
         (which only :meth:`per_call` steps read: the rest are in the cache key); ``ptrs``: their
         ``data_ptr()`` when the caller has them (:meth:`CallCache.lookup`)."""
@@ -239,7 +241,7 @@ class Recording:
             self.rerun(*tensors)
             return
         if ptrs is None:
-            ptrs = [None if t is None else t.data_ptr() for t in tensors]
+            ptrs = addresses(tensors)
         for step in self.steps:
             step(ptrs, tensors, options)
 
