@@ -62,7 +62,7 @@ COLLECTIVE_METHODS = {
     "all_to_all_v": None,  # all_to_all_single with unequal splits: its input is plain, so it goes to the fallback
 }
 #: The reductions trident runs, by the value of torch's op type (``int(opts.reduceOp.op)``: hashing the
-#: enum itself costs more than a small collective's launch); anything else falls back.
+#: pybind enum itself took 0.7 us on the CPU machine, the int and its lookup 0.3); anything else falls back.
 # (torch's stub declares RedOpType without its members)
 _OP_NAMES = {int(dist.ReduceOp.RedOpType.SUM): "sum", int(dist.ReduceOp.RedOpType.MAX): "max",  # type: ignore[attr-defined]
              int(dist.ReduceOp.RedOpType.MIN): "min"}  # type: ignore[attr-defined]
