@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import socket
 import stat
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import torch
 import trident
 from tests.conftest import script_env
 from trident import config
-from trident.runtime.watchdog import process_state
+from trident.runtime.watchdog import RankWatchdog, process_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -172,6 +173,20 @@ def test_process_state():
     assert seen <= {"", f"process {zombie.pid} is exiting"}
     zombie.wait()
 
+
+
+def test_a_look_that_finds_several_ranks_gone_reports_all_of_them_at_once():
+    """Ranks go together (one dies, a peer waiting on it fails and exits): the first report of a look
+    must already list every rank it found gone, or a waiter names the later rank alone."""
+    dead = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
+    for child in dead:
+        child.wait()
+    me = (socket.gethostname(), os.getpid())
+    seen = []
+    dog = RankWatchdog(0, [me, *((me[0], child.pid) for child in dead)], 1.0,
+                       lambda rank, why: seen.append((rank, sorted(dog.gone))))
+    assert sorted(dog.look()) == [1, 2]
+    assert seen == [(1, [1, 2]), (2, [1, 2])]
 
 
 def _group_cycles_body(ctx, cycles, heap_size):

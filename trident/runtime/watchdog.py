@@ -94,15 +94,21 @@ class RankWatchdog:
             self._thread.join(timeout=5 * self.interval + 1)
 
     def look(self) -> dict[int, str]:
-        """Check every peer now; report the newly lost ones. Returns :attr:`gone`."""
+        """Check every peer now; report the newly lost ones. Returns :attr:`gone`.
+
+        Every peer is checked before any is reported, so a report of this look already lists all
+        the ranks it found gone: ranks often go together (one dies, a peer that waited on it fails
+        and exits), and a rank reported alone could be the later one."""
+        lost = {}
         for peer, pid in self._pids.items():
-            if peer in self._gone:
-                continue
-            why = process_state(pid)
-            if why is not None:
-                with self._lock:
-                    self._gone[peer] = why
-                self._on_gone(peer, why)
+            if peer not in self._gone:
+                why = process_state(pid)
+                if why is not None:
+                    lost[peer] = why
+        with self._lock:
+            self._gone.update(lost)
+        for peer, why in lost.items():
+            self._on_gone(peer, why)
         return self.gone
 
     def _run(self) -> None:
