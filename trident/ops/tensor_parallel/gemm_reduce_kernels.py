@@ -48,6 +48,17 @@ from ..gemm.tiles import shard_tile, tile_coords, tile_dot, tile_dot_range, tile
 
 
 @triton.jit
+def release_tile_flag(flag, epoch, owner, team):
+    """Release a pushed tile's flag at ``owner`` (its copy of ``flag``). My own tiles' flags are
+    read only by this GPU's reducers, so their release is gpu-scoped: a sys-scoped one makes the
+    program wait, once per tile, until its stores are visible to the whole system."""
+    if owner == team.rank:
+        signal(flag, epoch, team.rank, team.rank, team.heap_bases, scope="gpu")
+    else:
+        signal(flag, epoch, team.rank, owner, team.heap_bases)
+
+
+@triton.jit
 def push_tiles(first, step, gemm, slots, c, m, flags_ptr, epoch, trace_ptr, team):
     """Tiles ``first, first + step, ...`` of my partial product (``gemm``: A has ``W * m`` rows), each
     stored into its owner's ``slots[rank]`` (``m x N``), or into my C (``m x N``, contiguous) where I own
@@ -70,7 +81,7 @@ def push_tiles(first, step, gemm, slots, c, m, flags_ptr, epoch, trace_ptr, team
         offs, mask = tile_offsets(pid_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)
         tl.store(base + offs, acc.to(c.dtype.element_ty), mask=mask)
         if flags_ptr is not None:
-            signal(flags_ptr + rank * per_shard + tile % per_shard, epoch, rank, owner, team.heap_bases)
+            release_tile_flag(flags_ptr + rank * per_shard + tile % per_shard, epoch, owner, team)
         trace.record(trace_ptr, trace.COMM, tile, owner, t0, rank, TRACE)
 
 
@@ -100,7 +111,7 @@ def push_all_tiles(first, step, gemm, slots, c, flags_ptr, epoch, trace_ptr, tea
             else:
                 store(mine + offs, part, rank, peer, team.heap_bases, mask=mask)
             if flags_ptr is not None:
-                signal(flags_ptr + rank * tiles + tile, epoch, rank, peer, team.heap_bases)
+                release_tile_flag(flags_ptr + rank * tiles + tile, epoch, peer, team)
         trace.record(trace_ptr, trace.COMM, tile, rank, t0, rank, TRACE)
 
 
