@@ -52,7 +52,7 @@ def case(name, fn, sig, cst, **how):
         kernel = build(fn, sig, cst, **how)
         ptx = kernel.asm["ptx"]
         results[name] = {"ok": True, "wgmma": "wgmma" in ptx, "tma": "cp.async.bulk.tensor" in ptx,
-                         "shared": kernel.metadata.shared}
+                         "shared": kernel.metadata.shared, "gpu_release": "atom.global.gpu.release" in ptx}
     except Exception as exc:
         results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-1500:]}
 
@@ -135,3 +135,5 @@ def test_ops_kernels_compile_for_sm90_with_tma_and_wgmma(tmp_path):
             assert r["wgmma"], f"{name}: no wgmma in the PTX"
         wanted = "tma=True" in name or "c_tma" in name
         assert r["tma"] == wanted, f"{name}: bulk tensor copies {'missing' if wanted else 'unexpected'}"
+        if "push_reduce" in name:  # a tile's flag at its own rank is read on this GPU only: a gpu-scoped release
+            assert r["gpu_release"], f"{name}: no gpu-scoped release (own tiles' flags must not pay a sys fence)"
