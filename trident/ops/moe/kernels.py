@@ -102,13 +102,15 @@ def _plan(hist, counts_ptr, local_ptr, status_ptr, sizes, call, team, E_BLOCK: t
     recv_counts_ptr = offsets_ptr + experts_local
     e = tl.arange(0, E_BLOCK)
     in_e = e < experts
-    # My row of every rank's count matrix, then its flag (release: the row is visible first).
+    # My row of every rank's count matrix, then its flag (release: the row is visible first). All rows
+    # first, then one release to every rank at once: a release per peer in the loop waited for each
+    # peer's row to land before writing the next (world_size round trips in a row, not one).
     mine = counts_ptr + rank * experts + e
     for i in range(world_size):
         peer = (rank + i) % world_size
         store(mine, hist, rank, peer, heap_bases, mask=in_e)
-        signal(flags + rank, epoch, rank, peer, heap_bases)
     ranks = tl.arange(0, call.WORLD_BLOCK)
+    signal(flags + rank + ranks * 0, epoch, rank, ranks, heap_bases, mask=ranks < world_size)
     wait(flags + ranks, epoch, rank, rank, heap_bases, cmp="ge", mask=ranks < world_size)
     total = tl.zeros([E_BLOCK], dtype=tl.int32)   # rows each expert receives
     before = tl.zeros([E_BLOCK], dtype=tl.int32)  # of those, rows from ranks before me
