@@ -59,7 +59,7 @@ def release_tile_flag(flag, epoch, owner, team):
 
 
 @triton.jit
-def push_tiles(first, step, gemm, slots, c, m, flags_ptr, epoch, trace_ptr, team):
+def push_tiles(first, step, gemm, slots, c, m, flags_ptr, call, trace_ptr, team):
     """Tiles ``first, first + step, ...`` of my partial product (``gemm``: A has ``W * m`` rows), each
     stored into its owner's ``slots[rank]`` (``m x N``), or into my C (``m x N``, contiguous) where I own
     it; with a ``flags_ptr`` (not None) also release the tile's flag at the owner."""
@@ -81,12 +81,12 @@ def push_tiles(first, step, gemm, slots, c, m, flags_ptr, epoch, trace_ptr, team
         offs, mask = tile_offsets(pid_m, pid_n, m, N, N, 1, BLOCK_M, BLOCK_N)
         tl.store(base + offs, acc.to(c.dtype.element_ty), mask=mask)
         if flags_ptr is not None:
-            release_tile_flag(flags_ptr + rank * per_shard + tile % per_shard, epoch, owner, team)
+            release_tile_flag(flags_ptr + rank * per_shard + tile % per_shard, call.epoch, owner, team)
         trace.record(trace_ptr, trace.COMM, tile, owner, t0, rank, TRACE)
 
 
 @triton.jit
-def push_all_tiles(first, step, gemm, slots, c, flags_ptr, epoch, trace_ptr, team):
+def push_all_tiles(first, step, gemm, slots, c, flags_ptr, call, trace_ptr, team):
     """Tiles ``first, first + step, ...`` of my partial product, each stored into ``slots[rank]`` of
     every other rank and into my C (``M x N``, contiguous); with a ``flags_ptr`` (not None) also release
     the tile's flag at every rank."""
@@ -104,24 +104,27 @@ def push_all_tiles(first, step, gemm, slots, c, flags_ptr, epoch, trace_ptr, tea
         t0 = trace.now_if(TRACE)
         offs, mask = tile_offsets(pid_m, pid_n, M, N, N, 1, gemm.BLOCK_M, gemm.BLOCK_N)
         part = acc.to(slots.dtype.element_ty)
-        for i in range(world_size):
-            peer = (rank + 1 + i) % world_size  # the next rank first, myself last
-            if peer == rank:
-                tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
-            else:
-                store(mine + offs, part, rank, peer, team.heap_bases, mask=mask)
-            if flags_ptr is not None:
-                release_tile_flag(flags_ptr + rank * tiles + tile, epoch, peer, team)
+        for i in range(1, world_size):  # the next rank first
+            store(mine + offs, part, rank, (rank + i) % world_size, team.heap_bases, mask=mask)
+        tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
+        if flags_ptr is not None:
+            # Every copy first, then the flags: one release to all the peers at once (a release per peer
+            # waited for each copy to land before the next was sent), and my own gpu-scoped.
+            flag = flags_ptr + rank * tiles + tile
+            peers = tl.arange(0, call.WORLD_BLOCK)
+            signal(flag + peers * 0, call.epoch, rank, peers, team.heap_bases,
+                   mask=(peers < world_size) & (peers != rank))
+            release_tile_flag(flag, call.epoch, rank, team)
         trace.record(trace_ptr, trace.COMM, tile, rank, t0, rank, TRACE)
 
 
 @triton.jit
-def _push(first, step, gemm, slots, c, rows, flags_ptr, epoch, trace_ptr, team, TO_EVERY_RANK: tl.constexpr):
+def _push(first, step, gemm, slots, c, rows, flags_ptr, call, trace_ptr, team, TO_EVERY_RANK: tl.constexpr):
     """:func:`push_all_tiles` or :func:`push_tiles` (``rows`` = m: a slot's rows), as ``TO_EVERY_RANK`` says."""
     if TO_EVERY_RANK:
-        push_all_tiles(first, step, gemm, slots, c, flags_ptr, epoch, trace_ptr, team)
+        push_all_tiles(first, step, gemm, slots, c, flags_ptr, call, trace_ptr, team)
     else:
-        push_tiles(first, step, gemm, slots, c, rows, flags_ptr, epoch, trace_ptr, team)
+        push_tiles(first, step, gemm, slots, c, rows, flags_ptr, call, trace_ptr, team)
 
 
 @triton.jit
@@ -163,7 +166,7 @@ def push_kernel(
     call, _ = enter_call(sync_ptr, slots, team, WORLD_BLOCK)
     team = wait_peers_ready(call, team)
     _push(tl.program_id(0), tl.num_programs(0), gemm, slots, c, rows,
-          None, call.epoch, trace_ptr, team, TO_EVERY_RANK)  # no flags: reduce_slots_kernel runs after
+          None, call, trace_ptr, team, TO_EVERY_RANK)  # no flags: reduce_slots_kernel runs after
     finish_call(call, team)
 
 
@@ -231,7 +234,7 @@ def push_reduce_kernel(
     flags = flag_words(call, team)
     if arrival < gemm_programs:
         peers = wait_peers_ready(call, team)
-        _push(arrival, gemm_programs, gemm, slots, c, rows, flags, call.epoch, trace_ptr, peers, TO_EVERY_RANK)
+        _push(arrival, gemm_programs, gemm, slots, c, rows, flags, call, trace_ptr, peers, TO_EVERY_RANK)
     else:
         reduce_flagged_tiles(arrival - gemm_programs, tl.num_programs(0) - gemm_programs,
                              slots, c, rows, gemm.N,
