@@ -233,10 +233,11 @@ def sync_ranks(slots_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.c
     """Wait until every rank's program has reached ``epoch`` at this point (a barrier for one program).
 
     ``slots_ptr`` points to ``world_size`` int64 slots, the same symmetric slots on every rank:
-    this program writes ``epoch`` into slot ``rank`` of every rank (release), then waits until
-    every slot here is ``>= epoch`` (acquire). Epochs only grow, so slots are never reset and a
-    captured CUDA graph replays correctly when the epoch lives on the device.
-    ``WORLD_BLOCK`` is ``world_size`` rounded up to a power of two.
+    this program writes ``epoch`` into slot ``rank`` of every other rank (release), then waits until
+    every other rank's slot here is ``>= epoch`` (acquire). Its own slot is neither written nor
+    awaited: the program itself is there by definition (and alone, a rank does no sys-scoped fence).
+    Epochs only grow, so slots are never reset and a captured CUDA graph replays correctly when the
+    epoch lives on the device. ``WORLD_BLOCK`` is ``world_size`` rounded up to a power of two.
 
     Example::
 
@@ -245,6 +246,6 @@ def sync_ranks(slots_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.c
         tl.store(count_ptr + pid, epoch)
     """
     peers = tl.arange(0, WORLD_BLOCK)
-    is_peer = peers < world_size
+    is_peer = (peers < world_size) & (peers != rank)
     signal(slots_ptr + rank + peers * 0, epoch, rank, peers, heap_bases, mask=is_peer)
     wait(slots_ptr + peers, epoch, rank, rank, heap_bases, cmp="ge", mask=is_peer)

@@ -15,7 +15,8 @@ def device_barrier_kernel(
     rank, world_size, heap_bases,
     WORLD_BLOCK: tl.constexpr,
 ):
-    """One program. Slot ``r`` of a rank's control block holds the last epoch rank ``r`` announced."""
+    """One program. Slot ``r`` of a rank's control block holds the last epoch rank ``r`` announced
+    (another rank ``r``: its own slot is not written, :func:`~trident.device.sync_ranks`)."""
     ctrl = control_block(rank, heap_bases)
     epoch = tl.load(ctrl + BARRIER_EPOCH) + 1  # on the device, so graph replays count on
     tl.store(ctrl + BARRIER_EPOCH, epoch)
