@@ -577,6 +577,40 @@ def test_moe_decode_anatomy_variants_still_apply_to_the_kernel(tmp_path):
         assert proc.returncode != 0 and "run it on a GPU" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_fused_anatomy_variants_still_apply_to_the_kernels(tmp_path):
+    """benchmarks/fused_anatomy.py times the fused ops' workgroup_specialized kernels with one part
+    changed, each a text edit of a trident/ops/tensor_parallel kernel module: every edit must still
+    apply (a kernel change that breaks one fails here, not on a GPU) and change what it names; in the
+    simulator the script says it needs a GPU."""
+    import importlib.util
+    import inspect
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("fused_anatomy", os.path.join(root, "benchmarks", "fused_anatomy.py"))
+    anatomy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(anatomy)
+    modules = anatomy.build_variants(str(tmp_path))
+    assert list(modules) == list(anatomy.VARIANTS)
+
+    def source(name, kernel):
+        return inspect.getsource(getattr(modules[name], kernel).fn)
+
+    gather = {name: source(name, "gather_gemm_kernel") for name in modules if name.startswith("all_gather_gemm")}
+    assert "claim_work(call, 1)" in gather["all_gather_gemm: current"]
+    assert "claim_work(call, 1)" not in gather["all_gather_gemm: static tile loop"]
+    assert "tl.range(tl.program_id(0), tiles" in gather["all_gather_gemm: static tile loop"]
+    assert "if not own:" in gather["all_gather_gemm: current"]
+    assert "if not own:" not in gather["all_gather_gemm: no wait branch"]
+    assert 'scope="gpu"' in source("gemm_reduce: current", "release_tile_flag")
+    assert 'scope="gpu"' not in source("gemm_reduce: own tile flags at sys scope", "release_tile_flag")
+    assert "signal(" in source("gemm_all_scatter: current", "produce_tiles")
+    assert "signal(" not in source("gemm_all_scatter: no tile flags", "produce_tiles")
+    if SIMULATOR:
+        proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "fused_anatomy.py")],
+                              capture_output=True, text=True, timeout=120, env=script_env(), cwd=root)
+        assert proc.returncode != 0 and "run it on one" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_moe_prefill_heap_reports_each_ranks_rows_capacity_and_peak(tmp_path):
     """benchmarks/moe_prefill_heap.py (issue 31's memory figure) at two ranks in the simulator: a correct
     combine, and per rank the capacity the prefill path took (the most rows any rank received, rounded

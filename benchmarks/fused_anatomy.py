@@ -1,0 +1,160 @@
+"""Where the fused GEMM ops' ``workgroup_specialized`` kernels spend their time over the GEMM, at one
+rank (a profiling aid for issue 33).
+
+At one rank nothing crosses a link, so a pattern's time over the GEMM alone is its machinery. This
+script times each op's ``workgroup_specialized`` pattern as it is and with one part changed, each
+variant a copy of the op's kernel module with one text edit (built in a temporary folder, never
+imported by trident), against the matmul and the op's ``fused_sequential`` in the same run:
+
+* all_gather_gemm: ``current`` (tiles claimed one atomic at a time); ``static tile loop`` (program
+  ``p`` computes tiles ``p, p + P, ...``, as ``fused_sequential`` does: right at one rank only,
+  where no tile waits for a gathered block); ``no wait branch`` (the tile loop without the code
+  that waits for a peer's rows: timing only);
+* gemm_reduce_scatter and gemm_all_reduce: ``current``; ``own tile flags at sys scope`` (as before
+  a8bd2d5: a system-wide fence after every tile);
+* gemm_all_scatter: ``current``; ``no tile flags`` (the GEMM programs release no flag per tile:
+  timing only, its consumers would wait forever at several ranks).
+
+Each figure is the median device time of ``--repeats`` calls, the output checked against
+``torch.matmul``. Needs a GPU.
+
+    python benchmarks/fused_anatomy.py --out results/    # -> fused_anatomy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+import trident
+from trident.bench import harness
+from trident.ops import matmul
+from trident.platform import SIMULATOR
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The host module whose ``kernels`` attribute each op's launches read, and its kernel module.
+MODULES = {"all_gather_gemm": "all_gather_gemm_kernels", "gemm_reduce": "gemm_reduce_kernels",
+           "gemm_all_scatter": "gemm_all_scatter_kernels"}
+CLAIM = "    tile = claim_work(call, 1)\n    while tile < tiles:\n"
+CLAIM_NEXT = "        next_tile = claim_work(call, 1)\n"
+TILE_NEXT = "        tile = next_tile\n"
+WAIT = "        if not own:\n            wait(flags + src * blocks + pid_m,"
+OWN_FLAG = 'signal(flag, epoch, team.rank, team.rank, team.heap_bases, scope="gpu")'
+TILE_FLAG = 'signal(flags + tile, call.epoch, team.rank, team.rank, team.heap_bases, scope="gpu")'
+#: name -> (host module, edits of its kernel module: (old, new) text pairs).
+VARIANTS = {
+    "all_gather_gemm: current": ("all_gather_gemm", ()),
+    "all_gather_gemm: static tile loop": ("all_gather_gemm", (
+        (CLAIM, "    for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):\n"),
+        (CLAIM_NEXT, ""), (TILE_NEXT, ""))),
+    "all_gather_gemm: no wait branch": ("all_gather_gemm", ((WAIT, "        if False:\n            wait(flags,"),)),
+    "gemm_reduce: current": ("gemm_reduce", ()),
+    "gemm_reduce: own tile flags at sys scope": ("gemm_reduce", ((OWN_FLAG, OWN_FLAG.replace('"gpu"', '"sys"')),)),
+    "gemm_all_scatter: current": ("gemm_all_scatter", ()),
+    "gemm_all_scatter: no tile flags": ("gemm_all_scatter", ((TILE_FLAG, "pass"),)),
+}
+#: Each op's shapes (its benchmark's defaults, M x N x K of the GEMM one rank computes).
+SHAPES = {"all_gather_gemm": ((8192, 3584, 8192), (4096, 4096, 4096)),
+          "gemm_reduce_scatter": ((8192, 8192, 3584), (4096, 4096, 4096)),
+          "gemm_all_reduce": ((8192, 8192, 3584), (4096, 4096, 4096)),
+          "gemm_all_scatter": ((8192, 4608, 36864), (4096, 4096, 4096))}
+#: Which variants time which ops.
+OPS_OF = {"all_gather_gemm": ("all_gather_gemm",), "gemm_reduce": ("gemm_reduce_scatter", "gemm_all_reduce"),
+          "gemm_all_scatter": ("gemm_all_scatter",)}
+
+
+def build_variants(folder: str) -> dict:
+    """``{name: kernel module}``: each :data:`VARIANTS` entry's edited copy, written into ``folder``."""
+    modules = {}
+    sys.path.insert(0, folder)
+    try:
+        for i, (name, (host, edits)) in enumerate(VARIANTS.items()):
+            with open(os.path.join(ROOT, "trident", "ops", "tensor_parallel", MODULES[host] + ".py")) as f:
+                text = f.read().replace("from ... import", "from trident import")
+            text = text.replace("from ...", "from trident.").replace("from ..", "from trident.ops.")
+            for old, new in edits:
+                assert old in text, f"{name}: {MODULES[host]}.py no longer holds {old!r}"
+                text = text.replace(old, new)
+            with open(os.path.join(folder, f"fused_anatomy_{i}.py"), "w") as f:
+                f.write(text)
+            modules[name] = importlib.import_module(f"fused_anatomy_{i}")
+    finally:
+        sys.path.remove(folder)
+    return modules
+
+
+def _operands(ctx, op: str, M: int, N: int, K: int):
+    """``(A, B, C)`` of one call at one rank (the operand peers reach on the heap), bf16."""
+    dev, bf16 = ctx.device, torch.bfloat16
+    A = ctx.randn(M, K, dtype=bf16) if op == "all_gather_gemm" else torch.randn(M, K, device=dev, dtype=bf16)
+    B = torch.randn(K, N, device=dev, dtype=bf16)
+    C = ctx.empty(M, N, dtype=bf16) if op == "gemm_all_scatter" else torch.empty(M, N, device=dev, dtype=bf16)
+    return A, B, C
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--out", default=".")
+    args = p.parse_args(argv)
+    if SIMULATOR:
+        raise SystemExit("fused_anatomy.py times the fused kernels on a GPU: run it on one")
+    ctx = trident.init(heap_size=4 << 30)
+    hosts = {host: importlib.import_module(f"trident.ops.tensor_parallel.{host}") for host in MODULES}
+    originals = {host: module.kernels for host, module in hosts.items()}
+    record = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "command": " ".join(sys.argv), "rows": {}}
+
+    def timed(label: str, fn, C, want) -> None:
+        fn()
+        torch.cuda.synchronize()
+        error = float((C.float() - want).norm() / want.norm())
+        if error > 2e-2:
+            raise SystemExit(f"{label}: relative error {error:.3g} against torch.matmul")
+        record["rows"][label] = round(harness.measure(ctx.device, fn, 3, args.repeats).device_ms * 1e3, 1)
+        print(f"{label:78s} {record['rows'][label]:9.1f} us", flush=True)
+
+    def time_shape(op: str, M: int, N: int, K: int, variants: dict) -> None:
+        A, B, C = _operands(ctx, op, M, N, K)
+        want = torch.matmul(A, B).float()
+        run, shape = getattr(trident.ops, op), f"{op} {M}x{N}x{K}"
+        timed(f"{shape} matmul", lambda: matmul(A, B, out=C), C, want)
+        timed(f"{shape} fused_sequential", lambda: run(ctx, A, B, C, pattern="fused_sequential"), C, want)
+        for name, (host, _) in VARIANTS.items():
+            if op not in OPS_OF[host]:
+                continue
+            hosts[host].kernels = variants[name]  # the op's launches read the module's kernels
+            ctx.call_cache.clear()  # recordings hold the kernels they launched
+            timed(f"{shape} workgroup_specialized, {name.split(': ')[1]}",
+                  lambda: run(ctx, A, B, C, pattern="workgroup_specialized"), C, want)
+            hosts[host].kernels = originals[host]
+            ctx.call_cache.clear()
+        for t in (A, C):
+            if ctx.is_symmetric(t):
+                ctx.free(t)
+
+    with tempfile.TemporaryDirectory() as folder:
+        variants = build_variants(folder)
+        try:
+            for op, shapes in SHAPES.items():
+                for M, N, K in shapes:
+                    time_shape(op, M, N, K, variants)
+        finally:
+            for host, module in hosts.items():
+                module.kernels = originals[host]
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "fused_anatomy.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    ctx.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
