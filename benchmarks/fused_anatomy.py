@@ -15,8 +15,8 @@ imported by trident), against the matmul and the op's ``fused_sequential`` in th
 * gemm_all_scatter: ``current``; ``no tile flags`` (the GEMM programs release no flag per tile:
   timing only, its consumers would wait forever at several ranks).
 
-Each figure is the median device time of ``--repeats`` calls, the output checked against
-``torch.matmul``. Needs a GPU.
+Each figure is the device time of ``--repeats`` calls (the harness's median), the output checked
+against ``torch.matmul``, and its ratio to the matmul timed just before it. Needs a GPU.
 
     python benchmarks/fused_anatomy.py --out results/    # -> fused_anatomy.json
 """
@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -109,30 +107,32 @@ def main(argv=None) -> int:
     ctx = trident.init(heap_size=4 << 30)
     hosts = {host: importlib.import_module(f"trident.ops.tensor_parallel.{host}") for host in MODULES}
     originals = {host: module.kernels for host, module in hosts.items()}
-    record = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "command": " ".join(sys.argv), "rows": {}}
+    record = harness.new_record(ctx, "fused-anatomy", harness.params(args))
 
-    def timed(label: str, fn, C, want) -> None:
+    def timed(op: str, shape: str, case: str, fn, C, want) -> None:
         fn()
         torch.cuda.synchronize()
         error = float((C.float() - want).norm() / want.norm())
         if error > 2e-2:
-            raise SystemExit(f"{label}: relative error {error:.3g} against torch.matmul")
-        record["rows"][label] = round(harness.measure(ctx.device, fn, 3, args.repeats).device_ms * 1e3, 1)
-        print(f"{label:78s} {record['rows'][label]:9.1f} us", flush=True)
+            raise SystemExit(f"{op} {shape} {case}: relative error {error:.3g} against torch.matmul")
+        us = harness.measure(ctx.device, fn, 3, args.repeats).device_ms * 1e3
+        matmul_us = us if case == "matmul" else record["rows"][-1]["matmul_us"]
+        record["rows"].append({"op": op, "shape": shape, "case": case, "device_us": round(us, 1),
+                               "matmul_us": round(matmul_us, 1), "vs_matmul": round(us / matmul_us, 3)})
+        print(f"{op:20s} {shape:16s} {case:48s} {us:9.1f} us  {us / matmul_us:6.3f}x matmul", flush=True)
 
     def time_shape(op: str, M: int, N: int, K: int, variants: dict) -> None:
         A, B, C = _operands(ctx, op, M, N, K)
         want = torch.matmul(A, B).float()
-        run, shape = getattr(trident.ops, op), f"{op} {M}x{N}x{K}"
-        timed(f"{shape} matmul", lambda: matmul(A, B, out=C), C, want)
-        timed(f"{shape} fused_sequential", lambda: run(ctx, A, B, C, pattern="fused_sequential"), C, want)
+        run, shape = getattr(trident.ops, op), f"{M}x{N}x{K}"
+        timed(op, shape, "matmul", lambda: matmul(A, B, out=C), C, want)
+        timed(op, shape, "fused_sequential", lambda: run(ctx, A, B, C, pattern="fused_sequential"), C, want)
         for name, (host, _) in VARIANTS.items():
             if op not in OPS_OF[host]:
                 continue
             hosts[host].kernels = variants[name]  # the op's launches read the module's kernels
             ctx.call_cache.clear()  # recordings hold the kernels they launched
-            timed(f"{shape} workgroup_specialized, {name.split(': ')[1]}",
+            timed(op, shape, f"workgroup_specialized, {name.split(': ')[1]}",
                   lambda: run(ctx, A, B, C, pattern="workgroup_specialized"), C, want)
             hosts[host].kernels = originals[host]
             ctx.call_cache.clear()
@@ -149,9 +149,7 @@ def main(argv=None) -> int:
         finally:
             for host, module in hosts.items():
                 module.kernels = originals[host]
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "fused_anatomy.json"), "w") as f:
-        json.dump(record, f, indent=1)
+    print(harness.write_results(record, args.out))
     ctx.close()
     return 0
 
