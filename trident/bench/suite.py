@@ -135,11 +135,13 @@ SUITES: dict[str, list[Step]] = {
     "gpu-gemm": [INFO, bench("gemm_bf16", "gemm", 1, "--sweep", "--dtype", "bfloat16", limit=420),
                  bench("gemm_fp16", "gemm", 1, "--dtype", "float16", limit=120)],
     # The three fused ops at one rank (each pattern against the GEMM alone) with timelines, then
-    # gemm-all-scatter's cross-rank path at 2 ranks.
+    # gemm-all-scatter's cross-rank path at 2 ranks, then the workgroup_specialized kernels taken apart.
     "fused-ops": [INFO] + [bench(b.replace("-", "_"), b, 1, "--trace", limit=150)
                            for b in ("gemm-all-scatter", "all-gather-gemm", "gemm-reduce-scatter")]
                  + [bench("gemm_all_scatter_2", "gemm-all-scatter", 2, "--shapes", "1024x1536x2048", "--repeats", "3",
-                          "--trace", limit=90), AUTO_TABLE],
+                          "--trace", limit=90), AUTO_TABLE,
+                    script("fused_anatomy", "benchmarks/fused_anatomy.py", 1, "--out", "{out}/fused_anatomy",
+                           limit=150)],
     # The device API's bandwidth: p2p, all-load, all-store at 2 and 4 ranks, a traced kernel, device-api.
     "p2p": _p2p(),
     # The collectives against NCCL at 2 and 4 ranks.
