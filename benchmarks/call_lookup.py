@@ -42,7 +42,7 @@ def main() -> None:
     A, B, C = (torch.randn(64, 64, device=dev) for _ in range(3))
     cases = {
         "x.add_(1)": lambda: plain.add_(1),
-        "custom-op floor": lambda: floor(plain, name),
+        "custom-op floor": lambda: floor(plain, "sum", name),
         "empty_like": lambda: torch.empty_like(plain),
         "ccl all_reduce heap": lambda: trident.ccl.all_reduce(ctx, x),
         "ccl all_reduce plain": lambda: trident.ccl.all_reduce(ctx, plain),
