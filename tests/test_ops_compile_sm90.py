@@ -56,15 +56,22 @@ def case(name, fn, sig, cst, **how):
     except Exception as exc:
         results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-1500:]}
 
-def matmul_sig(cut, trace):
-    return {**SHAPE, **strides(6), "part_ptr": "*fp32" if cut else "constexpr",
+def matmul_sig(cut, trace, tail=None):
+    return {**SHAPE, **strides(6), "b_tail": tail or "constexpr", "part_ptr": "*fp32" if cut else "constexpr",
             "count_ptr": "*i32" if cut else "constexpr", "cut": (I32, I32),
             "trace_ptr": "*i64" if trace else "constexpr", "rank": "i32"}
 
+MATMUL_TILE = {"TILE": (BM, BN, BK, 8, 0)}  # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TAIL_N)
 for tma in (True, False):
     for cut in (False, True):
         case(f"matmul tma={tma} cut={cut}", matmul_kernel, {**ab(tma), **matmul_sig(cut, trace=cut)},
-             dict(TILE, BLOCK_K=BK, USE_TMA=tma, C_TMA=False, SUBTILE=False, FLATTEN=tma and not cut))
+             dict(MATMUL_TILE, USE_TMA=tma, C_TMA=False, SUBTILE=False, FLATTEN=tma and not cut))
+# Tiles with a tail of columns, as the table's "shard" config: 128 x (256 + 32), four stages.
+for tma in (True, False):
+    tail_ab = {"a": "tensordesc<bf16[128, 64]>", "b": "tensordesc<bf16[64, 256]>", "c": "*bf16"} if tma else ab(False)
+    case(f"matmul tail tma={tma}", matmul_kernel,
+         {**tail_ab, **matmul_sig(False, False, tail="tensordesc<bf16[64, 32]>" if tma else "*bf16")},
+         dict(TILE=(128, 256, 64, 8, 32), USE_TMA=tma, C_TMA=False, SUBTILE=False, FLATTEN=False), stages=4)
     gemm = {**ab(tma), **SIZES}
     case(f"fused_sequential tma={tma}", G.fused_sequential_kernel, {**gemm, **sync(not tma), **WORLD},
          dict(TILE, BLOCK_K=BK, USE_TMA=tma, WORLD_BLOCK=8))
@@ -77,7 +84,7 @@ for tma in (True, False):
          dict(TILE, BLOCK_K=BK, USE_TMA=tma))
 case("matmul cut c_tma", matmul_kernel,
      {**ab(True), "c": f"tensordesc<bf16[{BM}, {BN // 2}]>", **matmul_sig(cut=True, trace=False)},
-     dict(TILE, BLOCK_K=BK, USE_TMA=True, C_TMA=True, SUBTILE=True, FLATTEN=True))
+     dict(MATMUL_TILE, USE_TMA=True, C_TMA=True, SUBTILE=True, FLATTEN=True))
 for wait in (True, False):
     case(f"scatter wait={wait}", G.scatter_kernel,
          {"c": "*bf16", "M": "i32", "N": "i32", "stride_cm": "i32", **sync(wait), **WORLD},
@@ -125,7 +132,7 @@ print(json.dumps(results))
 @pytest.mark.sm90_child(CHILD)
 def test_ops_kernels_compile_for_sm90_with_tma_and_wgmma(tmp_path):
     results = run_child(CHILD, tmp_path)
-    assert len(results) == 26
+    assert len(results) == 28
     failed = {k: v["error"] for k, v in results.items() if not v["ok"]}
     assert not failed, failed
     too_big = {k: v["shared"] for k, v in results.items() if v["shared"] > HOPPER_SHARED_BYTES}

@@ -107,6 +107,7 @@ def _bad_input_body(ctx):
         "contiguous": lambda: gas(ctx, ctx.zeros(4, 8).t(), B, C),
         "heap": lambda: gas(ctx, A, B, torch.zeros(8, 3 * w, device=dev)),
         "config": lambda: gas(ctx, A, B, C, config=MatmulConfig(BLOCK_M=24)),
+        "tail": lambda: gas(ctx, A, B, C, config=MatmulConfig(tail_n=32)),
         "dims": lambda: gas(ctx, A[0], B, C),
         "device": lambda: gas(ctx, A.to("meta"), B, C),
     }
@@ -118,7 +119,7 @@ def test_bad_input_is_refused_before_anything_runs(pool2):
                 "mixed": "must share one dtype", "k": "K mismatch", "n": "N must be divisible by world_size",
                 "contiguous": "must be contiguous",
                 "heap": "C must be a symmetric tensor", "config": "BLOCK_M=24 must be a power of two",
-                "dims": "must be 2-D", "device": "is on meta"}
+                "tail": "tiles with a tail of columns are the matmul's only", "dims": "must be 2-D", "device": "is on meta"}
     for m in pool2.run(_bad_input_body):
         assert_refused(m, expected)
 

@@ -27,6 +27,11 @@ CASES = [
                                split_tail=True, programs=3)),
     (48, 64, 256, MatmulConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1,
                                split_tail=True, c_tma=True, subtile=True, programs=5)),
+    # tiles with a tail of columns, 16 x (32 + 16): 96 = 2 tiles wide exactly (descriptors), and a ragged
+    # 70 (pointers; the second tile's tail past N)
+    (40, 96, 48, MatmulConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1, tail_n=16)),
+    (33, 70, 50, MatmulConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=1, tail_n=16,
+                              tma=False)),
 ]
 TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 5e-3}  # fp32 runs as TF32 on GPUs
 
@@ -142,6 +147,32 @@ def test_config_refuses_two_ways_to_cut_k():
         MatmulConfig(split_k=2, split_tail=True)
     with pytest.raises(ValueError, match="at least 1"):
         MatmulConfig(split_k=0)
+
+
+def test_config_refuses_a_tail_that_is_no_power_of_two_or_with_cut_tiles():
+    import pytest
+
+    for bad in (8, 48, 256):
+        with pytest.raises(ValueError, match="tail_n must be 0 or a power of two >= 16 below BLOCK_N=256"):
+            MatmulConfig(tail_n=bad)
+    for how in (dict(split_k=2), dict(split_tail=True), dict(c_tma=True)):
+        with pytest.raises(ValueError, match="never cut and store C through pointers"):
+            MatmulConfig(tail_n=32, **how)
+    assert MatmulConfig(tail_n=32).width == 288
+
+
+def test_table_tiles_an_8_rank_shard_with_a_tail_for_the_matmul_only():
+    """8192 x 576 x 36864 on 132 SMs: 128 x (256 + 32) tiles, 128 of them, one wave (a 256 x 128 tile
+    grid wastes 64 of every 640 columns and has a partial second wave); the fused ops get no tail."""
+    from trident.ops import pick_config
+    from trident.platform import Platform
+
+    h200 = Platform("cuda", torch.device("cuda", 0), 132, "NVIDIA H200", 1)
+    shard = pick_config(8192, 576, 36864, torch.bfloat16, h200)
+    assert (shard.BLOCK_M, shard.BLOCK_N, shard.tail_n) == (128, 256, 32)
+    assert pick_config(8192, 576, 36864, torch.bfloat16, h200, column_tail=False).tail_n == 0
+    for shape in ((8192, 4608, 36864), (8192, 3584, 14336), (8192, 448, 14336), (4096, 4096, 4096)):
+        assert pick_config(*shape, torch.bfloat16, h200).tail_n == 0, shape
 
 
 def _bad_input_body(ctx):

@@ -44,6 +44,9 @@ SWEEP = [
     C(128, 256, 64, 8, 8, 3, flatten=True, split_tail=True), C(128, 256, 64, 8, 8, 3, split_tail=True),
     C(256, 128, 64, 8, 8, 4, c_tma=True, subtile=True, split_tail=True),
     C(128, 256, 64, 8, 8, 4, c_tma=True, subtile=True, split_tail=True),
+    # a tail of columns: 288-column tiles for the 8-rank 576 shard (one wave of 128 tiles on 132 SMs)
+    C(128, 256, 64, 8, 8, 4, tail_n=32), C(128, 256, 32, 8, 8, 8, tail_n=32), C(128, 256, 64, 16, 8, 4, tail_n=32),
+    C(256, 128, 64, 8, 8, 4, tail_n=16),
 ]
 
 

@@ -204,7 +204,8 @@ def prepare_call(ctx: Team, spec: OpSpec, pattern: str, A: torch.Tensor, B: torc
         pattern = spec.choose(ctx.platform, size)
         if pattern == "baseline" and getattr(ctx, "ranks", None) is not None:
             pattern = spec.shared_gpu_pattern  # the NCCL baseline runs over the world, never in a group
-    return FusedCall(ctx, spec, pattern, A, B, C, cfg=config or pick_config(*gemm, A.dtype, ctx.platform),
+    cfg = config or pick_config(*gemm, A.dtype, ctx.platform, column_tail=False)  # the fused kernels: no tails
+    return FusedCall(ctx, spec, pattern, A, B, C, cfg=cfg,
                      comm_programs=comm_programs or spec.comm_programs(ctx.platform), trace=trace)
 
 
@@ -350,6 +351,9 @@ def check_fused_operands(ctx, where: str, config, symmetric: tuple[str, ...] = (
             v = getattr(config, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"{where}: config.{name}={v} must be a power of two >= 16")
+        if config.tail_n:
+            raise ValueError(f"{where}: config.tail_n={config.tail_n}: tiles with a tail of columns are the "
+                             f"matmul's only (trident.ops.matmul); the fused ops' tiles are BLOCK_N wide, tail_n=0")
 
 
 def check_tensor(where: str, name: str, t, device, dtypes, dims: int) -> None:

@@ -29,6 +29,11 @@ class MatmulConfig:
     so no SM idles in a partial last wave (the idea of Stream-K, Osama et al. 2023, with whole
     parts: programs working at once read the same K range of neighbouring tiles, which keeps A and
     B in L2). At most one of the two.
+    ``tail_n`` > 0 widens every tile by a second column block of that many columns (a power of two
+    below ``BLOCK_N``, read and multiplied in the same K loop): tiles ``BLOCK_M x (BLOCK_N + tail_n)``
+    tile a width no power of two divides, such as an 8-rank shard's 576 = 2 x (256 + 32), with no
+    ragged columns and one wave of tiles where powers of two leave a partial one. Only the matmul
+    has such tiles (not the fused ops' kernels); C is stored through pointers, and no tile is cut.
     """
 
     BLOCK_M: int = 128
@@ -44,20 +49,34 @@ class MatmulConfig:
     flatten: bool = False
     split_k: int = 1
     split_tail: bool = False
+    tail_n: int = 0
 
     def __post_init__(self):
         if self.split_k < 1:
             raise ValueError(f"MatmulConfig: split_k must be at least 1, got {self.split_k}")
         if self.split_k > 1 and self.split_tail:
             raise ValueError("MatmulConfig: split_k > 1 and split_tail=True are two ways to cut K; choose one")
+        if self.tail_n:
+            if self.tail_n < 16 or self.tail_n & (self.tail_n - 1) or self.tail_n >= self.BLOCK_N:
+                raise ValueError(f"MatmulConfig: tail_n must be 0 or a power of two >= 16 below BLOCK_N="
+                                 f"{self.BLOCK_N}, got {self.tail_n}")
+            if self.split_k > 1 or self.split_tail or self.c_tma:
+                raise ValueError("MatmulConfig: tiles with a tail (tail_n > 0) are never cut and store C through "
+                                 "pointers: leave split_k=1, split_tail=False and c_tma=False")
+
+    @property
+    def width(self) -> int:
+        """Columns of one tile: ``BLOCK_N + tail_n``."""
+        return self.BLOCK_N + self.tail_n
 
 
 #: The simulator: small tiles, since every program runs in Python.
 SIM_CONFIG = MatmulConfig(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=2, num_warps=4, num_stages=1)
 
 #: H200 candidates (bf16/fp16): ``wide`` (128x256 tiles, flattened loop) for full-width products,
-#: ``tall`` (256x128 tiles, descriptor store, split tail) for narrow shards such as an 8-rank
-#: 8192x576x36864, ``small`` for small products. The sweeps behind them: docs/results/journal.md.
+#: ``tall`` (256x128 tiles, descriptor store, split tail) for narrow shards, ``shard``
+#: (128x(256+32) tiles) for widths of 288 columns a tile such as an 8-rank 8192x576x36864 (128 tiles:
+#: one wave on 132 SMs), ``small`` for small products. The sweeps behind them: docs/results/journal.md.
 GPU_CONFIGS = {
     "wide": MatmulConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3, flatten=True,
                          split_tail=True),
@@ -66,28 +85,33 @@ GPU_CONFIGS = {
     "narrow": MatmulConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4,
                            split_tail=True),
     "small": MatmulConfig(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4),
+    "shard": MatmulConfig(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4, tail_n=32),
 }
 #: Candidates for large products with the relative speed of one full tile on the H200
-#: (measurements: docs/results/journal.md).
-_CANDIDATES = ((GPU_CONFIGS["wide"], 1.0), (GPU_CONFIGS["tall"], 0.97), (GPU_CONFIGS["narrow"], 0.85))
+#: (measurements: docs/results/journal.md; ``shard``'s, per column, on an H100 on 2026-12-08).
+_CANDIDATES = ((GPU_CONFIGS["wide"], 1.0), (GPU_CONFIGS["tall"], 0.97), (GPU_CONFIGS["narrow"], 0.85),
+               (GPU_CONFIGS["shard"], 0.81))
 
 
 def _efficiency(M: int, N: int, K: int, cfg: MatmulConfig, sms: int, speed: float) -> float:
     """Useful fraction of the work a persistent grid does: ragged edges, and the last, partial
     wave (or, with ``split_tail``, the parts that fill it and their cost: :func:`cut_plan`)."""
-    tiles_m, tiles_n = -(-M // cfg.BLOCK_M), -(-N // cfg.BLOCK_N)
+    tiles_m, tiles_n = -(-M // cfg.BLOCK_M), -(-N // cfg.width)
     tiles = tiles_m * tiles_n
     time = _plan(tiles, sms, cfg, -(-K // cfg.BLOCK_K))[0]
-    return speed * (M * N) / (tiles_m * cfg.BLOCK_M * tiles_n * cfg.BLOCK_N) * tiles / (time * sms)
+    return speed * (M * N) / (tiles_m * cfg.BLOCK_M * tiles_n * cfg.width) * tiles / (time * sms)
 
 
-def pick_config(M: int, N: int, K: int, dtype: torch.dtype, platform: _platform.Platform) -> MatmulConfig:
+def pick_config(M: int, N: int, K: int, dtype: torch.dtype, platform: _platform.Platform,
+                column_tail: bool = True) -> MatmulConfig:
     """The table's config for an ``M x K @ K x N`` product on ``platform`` (the same on every rank).
 
     Args:
         M, N, K: the product's sizes.
         dtype: A's and B's dtype.
         platform: where it runs (``ctx.platform``, or ``trident.platform.for_device(A.device)``).
+        column_tail: whether tiles may have a tail of columns (``tail_n``; the matmul's kernel only,
+            so the fused ops pass False).
 
     Returns:
         :data:`SIM_CONFIG` in the simulator. On a GPU: 64x64 tiles for small products; otherwise
@@ -96,7 +120,7 @@ def pick_config(M: int, N: int, K: int, dtype: torch.dtype, platform: _platform.
 
     Example::
 
-        cfg = pick_config(8192, 576, 36864, torch.bfloat16, ctx.platform)   # H200: 256x128, tail cut in parts
+        cfg = pick_config(8192, 576, 36864, torch.bfloat16, ctx.platform)   # H200: 128x(256+32), one wave
     """
     if platform.simulator:
         return SIM_CONFIG
@@ -104,7 +128,8 @@ def pick_config(M: int, N: int, K: int, dtype: torch.dtype, platform: _platform.
         return GPU_CONFIGS["small"]
     if dtype == torch.float32:  # fp32 tiles are twice the bytes: 128x128, fewer stages
         return dataclasses.replace(GPU_CONFIGS["narrow"], num_stages=3)
-    return max(_CANDIDATES, key=lambda c: _efficiency(M, N, K, c[0], platform.sm_count, c[1]))[0]
+    candidates = [c for c in _CANDIDATES if column_tail or not c[0].tail_n]
+    return max(candidates, key=lambda c: _efficiency(M, N, K, c[0], platform.sm_count, c[1]))[0]
 
 
 #: Cost of cutting tiles (the parts' sums written and read back), in tile-times: a plan that cuts

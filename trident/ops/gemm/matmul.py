@@ -28,7 +28,7 @@ from ...device.bundles import Gemm, Output
 from ...kernels.descriptors import Rebased
 from ...kernels.prepared import by_address, prepare, rebased
 from .config import SIM_CONFIG, MatmulConfig, cut_plan, pick_config
-from .tiles import output_tile, tile_coords, tile_dot, tile_dot_range
+from .tiles import block_offsets, output_tile, tile_coords, tile_dot, tile_dot_range, tile_dot_wide
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -38,37 +38,58 @@ __all__ = ["matmul", "launch_matmul", "matmul_kernel", "MatmulConfig", "SIM_CONF
 
 @triton.jit
 def matmul_kernel(
-        a, b, c,                                        # A (M x K), B (K x N), C (M x N)
+        a, b, b_tail, c,                                # A (M x K), B (K x N), B's tail columns (None: no
+                                                        # tail), C (M x N)
         shape, strides,                                 # (M, N, K); A's, B's and C's element strides
                                                         # (stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
                                                         #  stride_cn)
         part_ptr, count_ptr, cut,                       # cut tiles: scratch (None, None: none cut);
                                                         # (whole_tiles, parts)
         trace_ptr, rank,                                # trace buffer (None: no tracing)
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        TILE: tl.constexpr,                             # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TAIL_N)
         USE_TMA: tl.constexpr, C_TMA: tl.constexpr, SUBTILE: tl.constexpr, FLATTEN: tl.constexpr):
     """``C = A @ B``, persistent: program ``pid`` computes tiles ``pid, pid + P, ...`` (P programs).
 
     ``a`` and ``b`` are descriptors (``USE_TMA``) or pointers; ``c`` is a descriptor with
     ``C_TMA`` (a bulk tensor store, in two halves along N when ``SUBTILE``: half the shared memory
-    for the epilogue, so more stages fit) or a pointer. Only the first ``whole_tiles`` tiles are
-    computed whole (``cut = (whole_tiles, parts)``); with a ``part_ptr`` each of the others is cut
-    into ``parts`` along K (:func:`_cut_tiles`). With a ``trace_ptr`` every tile (every part) is recorded as a compute
-    event of ``rank``.
+    for the epilogue, so more stages fit) or a pointer. Tiles are ``BLOCK_M x (BLOCK_N + TAIL_N)``:
+    with ``TAIL_N`` > 0 a tile's last ``TAIL_N`` columns are read through ``b_tail`` (a descriptor
+    or B's pointer, as ``b``) in the same K loop (:func:`~trident.ops.gemm.tiles.tile_dot_wide`).
+    Only the first ``whole_tiles`` tiles are computed whole (``cut = (whole_tiles, parts)``); with a
+    ``part_ptr`` each of the others is cut into ``parts`` along K (:func:`_cut_tiles`; never with a
+    tail). With a ``trace_ptr`` every tile (every part) is recorded as a compute event of ``rank``.
     """
     TRACE: tl.constexpr = trace_ptr is not None
-    gemm = Gemm(a, b, shape, strides, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, USE_TMA)
+    BLOCK_M: tl.constexpr = TILE[0]
+    BLOCK_N: tl.constexpr = TILE[1]
+    GROUP_M: tl.constexpr = TILE[3]
+    TAIL_N: tl.constexpr = TILE[4]
+    gemm = Gemm(a, b, shape, strides, BLOCK_M, BLOCK_N, TILE[2], GROUP_M, USE_TMA)
     out = Output(c, gemm.M, gemm.N, strides[4], strides[5], BLOCK_M, BLOCK_N, GROUP_M)
     num_pid_m = tl.cdiv(gemm.M, BLOCK_M)
-    num_pid_n = tl.cdiv(gemm.N, BLOCK_N)
+    num_pid_n = tl.cdiv(gemm.N, BLOCK_N + TAIL_N)
     for tile in tl.range(tl.program_id(0), cut[0], tl.num_programs(0), flatten=FLATTEN):
         t0 = trace.now_if(TRACE)
         pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, GROUP_M)
-        acc = tile_dot(gemm, pid_m, pid_n)
-        _store_tile(out, acc, pid_m, pid_n, C_TMA, SUBTILE)
+        if TAIL_N == 0:
+            acc = tile_dot(gemm, pid_m, pid_n)
+            _store_tile(out, acc, pid_m, pid_n, C_TMA, SUBTILE)
+        else:
+            off_m, off_n = pid_m * BLOCK_M, pid_n * (BLOCK_N + TAIL_N)
+            acc, acc_tail = tile_dot_wide(gemm, b_tail, TAIL_N, off_m, off_n, 0, tl.cdiv(gemm.K, TILE[2]))
+            _store_block(out, acc, off_m, off_n, BLOCK_N)
+            _store_block(out, acc_tail, off_m, off_n + BLOCK_N, TAIL_N)
         trace.record(trace_ptr, trace.COMPUTE, tile, rank, t0, rank, TRACE)
     if part_ptr is not None:
         _cut_tiles(gemm, out, part_ptr, count_ptr, cut[0], cut[1], trace_ptr, rank, C_TMA, SUBTILE)
+
+
+@triton.jit
+def _store_block(out, values, off_m, off_n, COLUMNS: tl.constexpr):
+    """Store an fp32 ``BLOCK_M x COLUMNS`` block whose first element is ``(off_m, off_n)`` into the
+    pointer ``out.c`` in C's dtype, the edges masked."""
+    offs, mask = block_offsets(off_m, off_n, out.M, out.N, out.stride_cm, out.stride_cn, out.BLOCK_M, COLUMNS)
+    tl.store(out.c + offs, values.to(out.c.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -160,7 +181,7 @@ def operands(A: torch.Tensor, B: torch.Tensor, cfg: MatmulConfig):
     Example::
 
         a, b, use_tma = operands(A, B, cfg)
-        matmul_kernel[grid](a, b, C, (M, N, K), strides, ..., USE_TMA=use_tma, ...)
+        matmul_kernel[grid](a, b, None, C, (M, N, K), strides, ..., USE_TMA=use_tma, ...)
     """
     use_tma = cfg.tma is not False and tma_ok(A) and tma_ok(B)
     if cfg.tma and not use_tma:
@@ -269,19 +290,28 @@ def _launch_parts(A, B, C, cfg: MatmulConfig, trace_ptr=None, rank: int = 0):
     a, b, use_tma = operands(A, B, cfg)
     c_tma = use_tma and cfg.c_tma and tma_ok(C)
     c = TensorDescriptor.from_tensor(C, [cfg.BLOCK_M, cfg.BLOCK_N // (2 if cfg.subtile else 1)]) if c_tma else C
-    tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
+    b_tail = _tail_operand(B, cfg, use_tma)
+    tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.width)
     whole, parts = cut_plan(tiles, cfg.programs or platform.program_limit, cfg, triton.cdiv(K, cfg.BLOCK_K))
     scratch = _cut_scratch((tiles - whole) * parts * cfg.BLOCK_M * cfg.BLOCK_N, tiles - whole, A.device) \
         if whole < tiles else ()
     part, count = scratch or (None, None)  # None, None: no tile cut
     grid = (num_programs(platform, whole + (tiles - whole) * parts, cfg),)
-    args = (a, b, c, (M, N, K), (A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1)),
+    args = (a, b, b_tail, c, (M, N, K), (A.stride(0), A.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1)),
             part, count, (whole, parts), trace_ptr, rank)
-    constexprs = dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, GROUP_M=cfg.GROUP_M,
+    constexprs = dict(TILE=(cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, cfg.GROUP_M, cfg.tail_n),
                       USE_TMA=use_tma, C_TMA=c_tma, SUBTILE=cfg.subtile,
                       # Triton 3.6 fails to flatten a loop holding the trace's store
                       FLATTEN=cfg.flatten and trace_ptr is None)
     return grid, args, constexprs, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), scratch
+
+
+def _tail_operand(B: torch.Tensor, cfg: MatmulConfig, use_tma: bool):
+    """B's tail columns for the kernel's ``b_tail``: a descriptor of ``BLOCK_K x tail_n`` boxes when A and
+    B are read through descriptors, B itself when through pointers, None when tiles have no tail."""
+    if not cfg.tail_n:
+        return None
+    return TensorDescriptor.from_tensor(B, [cfg.BLOCK_K, cfg.tail_n]) if use_tma else B
 
 
 def _cut_scratch(part_elements: int, cut_tiles: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -301,14 +331,15 @@ class _PreparedMatmul:
     calls, so a later call skips the config and tile-cut choice, building and checking descriptors, and
     Triton's argument binding and specialization (most of a small call's host time)."""
 
-    __slots__ = ("cfg", "_launch", "_values", "_descriptors", "_scratch")
+    __slots__ = ("cfg", "_launch", "_values", "_descriptors", "_scratch", "_tail")
 
     def __init__(self, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: MatmulConfig):
         grid, args, constexprs, options, scratch = _launch_parts(A, B, C, cfg)
         self.cfg = cfg
         self._launch = prepare(matmul_kernel, grid, args, constexprs, **options)  # launches now
         self._values = [by_address(a) for a in args]  # the ints; A, B, C and the scratch are replaced per call
-        self._descriptors = tuple(v if isinstance(v, Rebased) else None for v in self._values[:3])
+        self._descriptors = tuple(v if isinstance(v, Rebased) else None for v in self._values[:4])
+        self._tail = cfg.tail_n > 0
         self._scratch = (scratch[0].numel(), scratch[1].numel()) if scratch else None
 
     def __call__(self, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor) -> None:
@@ -316,8 +347,9 @@ class _PreparedMatmul:
             launch_matmul(A, B, C, self.cfg)
             return
         values = self._values.copy()
-        for i, (t, descriptor) in enumerate(zip((A, B, C), self._descriptors, strict=True)):
-            values[i] = t.data_ptr() if descriptor is None else rebased(descriptor, t)
+        for i, (t, descriptor) in enumerate(zip((A, B, B if self._tail else None, C), self._descriptors, strict=True)):
+            if t is not None:  # b_tail is None without a tail
+                values[i] = t.data_ptr() if descriptor is None else rebased(descriptor, t)
         if self._scratch:  # new per call, as on the full path
             part, count = _cut_scratch(*self._scratch, A.device)
             values[_PART_ARG], values[_COUNT_ARG] = part.data_ptr(), count.data_ptr()

@@ -77,27 +77,51 @@ def tile_dot_range(gemm, off_m, off_n, k_first, k_last):
 
         part = tile_dot_range(gemm, pid_m * 128, pid_n * 128, 0, 8)
     """
+    return tile_dot_wide(gemm, None, 0, off_m, off_n, k_first, k_last)[0]
+
+
+@triton.jit
+def tile_dot_wide(gemm, b_tail, TAIL_N: tl.constexpr, off_m, off_n, k_first, k_last):
+    """:func:`tile_dot_range` of a block ``BLOCK_N + TAIL_N`` columns wide, in one K loop: ``(acc, tail)``,
+    the ``BLOCK_M x BLOCK_N`` block at ``off_n`` and the ``BLOCK_M x TAIL_N`` block right of it.
+
+    Triton's blocks are powers of two; two of them side by side tile a width no power of two
+    divides without ragged columns (an 8-rank shard's 576 = 2 x (256 + 32)). Each K step loads A's
+    block once for both dots. ``b_tail`` reads B's tail columns: a descriptor of ``BLOCK_K x TAIL_N``
+    boxes when the operands are read through descriptors (``USE_TMA``, ``B_TMA``), else B's pointer.
+    ``TAIL_N`` 0 (``b_tail`` None): no tail, and ``tail`` is a placeholder.
+
+    Example::
+
+        acc, tail = tile_dot_wide(gemm, b_tail, 32, pid_m * 128, pid_n * 288, 0, tl.cdiv(K, 64))
+    """
     BLOCK_M: tl.constexpr = gemm.BLOCK_M
     BLOCK_N: tl.constexpr = gemm.BLOCK_N
     BLOCK_K: tl.constexpr = gemm.BLOCK_K
+    TAIL: tl.constexpr = TAIL_N > 0
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    tail = tl.full((BLOCK_M, TAIL_N if TAIL else 16), 0.0, tl.float32)  # unused (and dropped) without a tail
     if gemm.USE_TMA:
         for ki in range(k_first, k_last):
             x = gemm.a.load([off_m, ki * BLOCK_K])
-            y = gemm.b.load([ki * BLOCK_K, off_n])
-            acc = tl.dot(x, y, acc)
+            acc = tl.dot(x, gemm.b.load([ki * BLOCK_K, off_n]), acc)
+            if TAIL:
+                tail = tl.dot(x, b_tail.load([ki * BLOCK_K, off_n + BLOCK_N]), tail)
     else:
         # Rows and columns past the edge wrap around (% M, % N): the loads stay in bounds without
         # masks, and the store masks those lanes out. Only the K edge needs masking (zeros).
         rm = (off_m + tl.arange(0, BLOCK_M)) % gemm.M
         rk = tl.arange(0, BLOCK_K)
         a_ptrs = gemm.a + rm.to(tl.int64)[:, None] * gemm.stride_am + (k_first * BLOCK_K + rk)[None, :] * gemm.stride_ak
+        rows_b = (k_first * BLOCK_K + rk).to(tl.int64)
         if gemm.B_TMA:  # B through its descriptor (zeros past K and N): no pointer tensor of B held in the loop
             col = tl.cast(off_n, tl.int32)  # descriptor offsets are 32-bit
         else:
             rn = (off_n + tl.arange(0, BLOCK_N)) % gemm.N
-            rows_b = (k_first * BLOCK_K + rk).to(tl.int64)
             b_ptrs = gemm.b + rows_b[:, None] * gemm.stride_bk + rn[None, :] * gemm.stride_bn
+            if TAIL:
+                rt = (off_n + BLOCK_N + tl.arange(0, TAIL_N)) % gemm.N
+                t_ptrs = b_tail + rows_b[:, None] * gemm.stride_bk + rt[None, :] * gemm.stride_bn
         for ki in range(k_first, k_last):
             k_left = gemm.K - ki * BLOCK_K
             x = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
@@ -107,8 +131,15 @@ def tile_dot_range(gemm, off_m, off_n, k_first, k_last):
                 y = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
                 b_ptrs += BLOCK_K * gemm.stride_bk
             acc = tl.dot(x, y, acc)
+            if TAIL:
+                if gemm.B_TMA:
+                    y_tail = b_tail.load([ki * BLOCK_K, col + BLOCK_N])
+                else:
+                    y_tail = tl.load(t_ptrs, mask=rk[:, None] < k_left, other=0.0)
+                    t_ptrs += BLOCK_K * gemm.stride_bk
+                tail = tl.dot(x, y_tail, tail)
             a_ptrs += BLOCK_K * gemm.stride_ak
-    return acc
+    return acc, tail
 
 
 @triton.jit
@@ -120,8 +151,19 @@ def tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M: tl.constexpr
         offs, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, 1, BLOCK_M, BLOCK_N)
         tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
     """
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return block_offsets(pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def block_offsets(off_m, off_n, M, N, stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """:func:`tile_offsets` of the ``BLOCK_M x BLOCK_N`` block whose first row and column are ``off_m, off_n``.
+
+    Example::
+
+        offs, mask = block_offsets(pid_m * 128, pid_n * 288 + 256, M, N, stride_cm, 1, 128, 32)
+    """
+    rm = off_m + tl.arange(0, BLOCK_M)
+    rn = off_n + tl.arange(0, BLOCK_N)
     offs = rm.to(tl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn
     mask = (rm < M)[:, None] & (rn < N)[None, :]
     return offs, mask
