@@ -6,10 +6,11 @@ script times each op's ``workgroup_specialized`` pattern as it is and with one p
 variant a copy of the op's kernel module with one text edit (built in a temporary folder, never
 imported by trident), against the matmul and the op's ``fused_sequential`` in the same run:
 
-* all_gather_gemm: ``current`` (tiles claimed one atomic at a time); ``static tile loop`` (program
-  ``p`` computes tiles ``p, p + P, ...``, as ``fused_sequential`` does: right at one rank only,
-  where no tile waits for a gathered block); ``no wait branch`` (the tile loop without the code
-  that waits for a peer's rows: timing only);
+* all_gather_gemm: ``current`` (every round of tiles but the last two dealt out, the rest claimed
+  one atomic at a time); ``every tile claimed`` (the schedule before 2026-12-08); ``static tile
+  loop`` (program ``p`` computes tiles ``p, p + P, ...``, as ``fused_sequential`` does: right at one
+  rank only, where no program gathers); ``no wait branch`` (the tile loop without the code that
+  waits for a peer's rows: timing only);
 * gemm_reduce_scatter and gemm_all_reduce: ``current``; ``own tile flags at sys scope`` (as before
   a8bd2d5: a system-wide fence after every tile);
 * gemm_all_scatter: ``current``; ``no tile flags`` (the GEMM programs release no flag per tile:
@@ -19,6 +20,7 @@ Each figure is the device time of ``--repeats`` calls (the harness's median), th
 against ``torch.matmul``, and its ratio to the matmul timed just before it. Needs a GPU.
 
     python benchmarks/fused_anatomy.py --out results/    # -> fused_anatomy.json
+    python benchmarks/fused_anatomy.py --ops all_gather_gemm --out results/
 """
 
 from __future__ import annotations
@@ -40,18 +42,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The host module whose ``kernels`` attribute each op's launches read, and its kernel module.
 MODULES = {"all_gather_gemm": "all_gather_gemm_kernels", "gemm_reduce": "gemm_reduce_kernels",
            "gemm_all_scatter": "gemm_all_scatter_kernels"}
-CLAIM = "    tile = claim_work(call, 1)\n    while tile < tiles:\n"
-CLAIM_NEXT = "        next_tile = claim_work(call, 1)\n"
-TILE_NEXT = "        tile = next_tile\n"
+STATIC_TILES = "    static_tiles = tl.maximum(tiles // multipliers - 1, 0) * multipliers\n"
+MINE = "        mine = static_tiles // multipliers\n"
 WAIT = "        if not own:\n            wait(flags + src * blocks + pid_m,"
 OWN_FLAG = 'signal(flag, epoch, team.rank, team.rank, team.heap_bases, scope="gpu")'
 TILE_FLAG = 'signal(flags + tile, call.epoch, team.rank, team.rank, team.heap_bases, scope="gpu")'
 #: name -> (host module, edits of its kernel module: (old, new) text pairs).
 VARIANTS = {
     "all_gather_gemm: current": ("all_gather_gemm", ()),
+    "all_gather_gemm: every tile claimed": ("all_gather_gemm", ((STATIC_TILES, "    static_tiles = tiles * 0\n"),)),
     "all_gather_gemm: static tile loop": ("all_gather_gemm", (
-        (CLAIM, "    for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0)):\n"),
-        (CLAIM_NEXT, ""), (TILE_NEXT, ""))),
+        (STATIC_TILES, "    static_tiles = tiles\n"),
+        (MINE, "        mine = tl.cdiv(tiles - (arrival - gather_programs), multipliers)\n"))),
     "all_gather_gemm: no wait branch": ("all_gather_gemm", ((WAIT, "        if False:\n            wait(flags,"),)),
     "gemm_reduce: current": ("gemm_reduce", ()),
     "gemm_reduce: own tile flags at sys scope": ("gemm_reduce", ((OWN_FLAG, OWN_FLAG.replace('"gpu"', '"sys"')),)),
@@ -101,7 +103,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--out", default=".")
+    p.add_argument("--ops", default=",".join(SHAPES), help="comma-separated ops to time (default: all four)")
     args = p.parse_args(argv)
+    ops = args.ops.split(",")
+    if not set(ops) <= set(SHAPES):
+        raise SystemExit(f"--ops: unknown op(s) {sorted(set(ops) - set(SHAPES))}; ops: {', '.join(SHAPES)}")
     if SIMULATOR:
         raise SystemExit("fused_anatomy.py times the fused kernels on a GPU: run it on one")
     ctx = trident.init(heap_size=4 << 30)
@@ -143,8 +149,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         variants = build_variants(folder)
         try:
-            for op, shapes in SHAPES.items():
-                for M, N, K in shapes:
+            for op in ops:
+                for M, N, K in SHAPES[op]:
                     time_shape(op, M, N, K, variants)
         finally:
             for host, module in hosts.items():

@@ -596,9 +596,10 @@ def test_fused_anatomy_variants_still_apply_to_the_kernels(tmp_path):
         return inspect.getsource(getattr(modules[name], kernel).fn)
 
     gather = {name: source(name, "gather_gemm_kernel") for name in modules if name.startswith("all_gather_gemm")}
-    assert "claim_work(call, 1)" in gather["all_gather_gemm: current"]
-    assert "claim_work(call, 1)" not in gather["all_gather_gemm: static tile loop"]
-    assert "tl.range(tl.program_id(0), tiles" in gather["all_gather_gemm: static tile loop"]
+    assert "tl.maximum(tiles // multipliers - 1, 0) * multipliers" in gather["all_gather_gemm: current"]
+    assert "static_tiles = tiles * 0" in gather["all_gather_gemm: every tile claimed"]
+    assert "static_tiles = tiles\n" in gather["all_gather_gemm: static tile loop"]
+    assert "tl.cdiv(tiles - (arrival - gather_programs), multipliers)" in gather["all_gather_gemm: static tile loop"]
     assert "if not own:" in gather["all_gather_gemm: current"]
     assert "if not own:" not in gather["all_gather_gemm: no wait branch"]
     assert 'scope="gpu"' in source("gemm_reduce: current", "release_tile_flag")

@@ -119,7 +119,8 @@ def test_bad_input_is_refused_before_anything_runs(pool2):
                 "mixed": "must share one dtype", "k": "K mismatch", "n": "N must be divisible by world_size",
                 "contiguous": "must be contiguous",
                 "heap": "C must be a symmetric tensor", "config": "BLOCK_M=24 must be a power of two",
-                "tail": "tiles with a tail of columns are the matmul's only", "dims": "must be 2-D", "device": "is on meta"}
+                "tail": "tiles with a tail of columns are the matmul's only", "dims": "must be 2-D",
+                "device": "is on meta"}
     for m in pool2.run(_bad_input_body):
         assert_refused(m, expected)
 

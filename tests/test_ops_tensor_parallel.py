@@ -82,6 +82,18 @@ def test_one_rank_every_fused_pattern_is_the_gemm(op):
     assert_gemm_errors(get_pool(1).run(_body, op, FUSED, CASES[:2]), 2 * 2 * len(FUSED), op)
 
 
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_all_gather_gemm_deals_out_its_first_rounds_of_tiles_and_claims_the_rest(world_size):
+    """workgroup_specialized on several rounds of tiles (the simulator's 4 programs, 2 of them gathering
+    at 2 ranks): 9 tiles per rank, 4 dealt out statically alone, 16 of 18 at 2 ranks, the rest claimed;
+    every tile is computed (C starts as NaN)."""
+    from tests.conftest import get_pool
+
+    case = [(torch.float16, 40, 48, 16, SMALL)]  # 3 row blocks per rank x 3 column blocks
+    errors = get_pool(world_size).run(_body, "all_gather_gemm", ("workgroup_specialized",), case)
+    assert_gemm_errors(errors, 2, "all_gather_gemm")
+
+
 def test_every_fused_pattern_declares_the_bytes_it_moves_beyond_its_gemm():
     """The machinery budget the benchmarks measure against (docs/tensor-parallel-ops.md): every
     pattern of every op declares its bytes (torch's baseline none), the fused ones nothing at one

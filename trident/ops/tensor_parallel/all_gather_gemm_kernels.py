@@ -16,11 +16,13 @@ rank walks the shards starting with its own, whose rows need no communication.
   ticket, not program id) copy the peers' row blocks of A into a local ``a_full`` (each once) and
   release one flag per block; every program runs the GEMM, the gather programs once every block is
   taken: own rows straight from ``A_local`` (no copy, no wait), a peer's block from ``a_full`` once
-  its flag is acquired. Blocks and tiles are claimed from the call's work counters (a dynamic
-  schedule; a program claims its next tile before computing the one it holds), so no program idles
-  while tiles remain, and a tile waits only on a block that a
-  program already running has claimed, however few programs of the launch are resident at a time;
-  at one rank there is nothing to gather (no gather programs).
+  its flag is acquired. Blocks are claimed from a work counter; of the tiles, every round but the
+  last two is dealt out statically among the programs that multiply from the start, and the rest
+  are claimed one at a time (a program claims its next tile before computing the one it holds), so
+  no program idles while tiles remain and claims cost only in the last rounds. A tile waits only on
+  a block that a gather program, started before it and waiting on nothing but its peers' entry,
+  copies, however few programs of the launch are resident at a time; at one rank there is nothing
+  to gather (no gather programs).
 
 B is read through a TMA descriptor where its layout allows (``B_TMA``; A's rows, from a different
 tensor tile by tile, through pointers): a pointer tensor of B held across the K loop took as many
@@ -110,6 +112,16 @@ def copy_rows(src_ptr, dst_ptr, row0, rows, K, stride_src, stride_dst, rank, pee
 
 
 @triton.jit
+def _next_tile(call, static_next, j, mine, static_tiles):
+    """Tile ``j`` (0, 1, ...) of a program with ``mine`` static tiles: ``static_next`` while ``j < mine``,
+    then ``static_tiles`` + the next claim of work counter 1 (:func:`claim_work`)."""
+    tile = tl.cast(static_next, tl.int64)  # a claim is an int64
+    if j >= mine:
+        tile = static_tiles + claim_work(call, 1)
+    return tile
+
+
+@triton.jit
 def gather_gemm_kernel(
         a_local, source, a_full, b, c,                  # my rows of A (symmetric), the plain A_local it is staged
                                                         # from (or None), all rows (W*m x K), B, C
@@ -122,12 +134,13 @@ def gather_gemm_kernel(
         B_TMA: tl.constexpr, WORLD_BLOCK: tl.constexpr):
     """workgroup_specialized: the first ``gather_programs`` programs to start claim the peers' row
     blocks of A (work counter 0) and copy each into ``a_full`` (``W*m x K``, row stride K; my own rows
-    are not copied), releasing ``FLAGS[block]``; then they, and from the start every later program,
-    claim the GEMM's tiles (work counter 1), my own rows first, straight from the caller's A_local with no
-    wait, then each peer block once its flag is acquired. A gather program turns to tiles only when
-    every block is claimed, and the later programs started after every gather program, so a tile
-    waits only on a block some running program has claimed, whichever programs the GPU runs first.
-    At one rank there is nothing to gather and the launch has no gather programs."""
+    are not copied), releasing ``FLAGS[block]``. The later programs multiply from the start: the GEMM's
+    tiles in order, my own rows first, straight from the caller's A_local with no wait, then each peer
+    block once its flag is acquired; all rounds of tiles but the last two dealt out among them, the
+    rest claimed (work counter 1) by every program, gather programs included once every block is
+    claimed. The later programs started after every gather program, so a tile waits only on a block
+    some running program copies, whichever programs the GPU runs first. At one rank there is nothing
+    to gather and the launch has no gather programs."""
     TRACE: tl.constexpr = trace_ptr is not None
     BLOCK_M: tl.constexpr = TILE[0]
     BLOCK_N: tl.constexpr = TILE[1]
@@ -150,11 +163,22 @@ def gather_gemm_kernel(
             trace.record(trace_ptr, trace.COMM, block, src, t0, rank, TRACE)
             i = claim_work(call, 0)
     tiles = world_size * blocks * tl.cdiv(N, BLOCK_N)
-    tile = claim_work(call, 1)
+    # The schedule: every round of tiles but the last two is dealt out statically among the programs that
+    # start multiplying at once (program c of them takes tiles c, c + P, ...; no claim), the rest is
+    # claimed one tile at a time by every program, the gather programs included once they are done (the
+    # balance a dynamic schedule gives, at the cost of a claim per tile only in the last rounds).
+    multipliers = tl.num_programs(0) - gather_programs
+    static_tiles = tl.maximum(tiles // multipliers - 1, 0) * multipliers
+    mine = 0  # my static tiles
+    if arrival >= gather_programs:
+        mine = static_tiles // multipliers
+    tile = _next_tile(call, arrival - gather_programs, 0, mine, static_tiles)
+    j = 1
     while tile < tiles:
-        # The next tile is claimed before this one is computed, so the atomic's round trip hides behind
-        # the K loop instead of holding up the next tile's first loads (the claims stay in program order).
-        next_tile = claim_work(call, 1)
+        # The next tile is known (or claimed) before this one is computed, so a claim's round trip
+        # hides behind the K loop instead of holding up the next tile's first loads.
+        next_tile = _next_tile(call, tile + multipliers, j, mine, static_tiles)
+        j += 1
         src, pid_m, pid_n = shard_tile(tile, m, N, world_size, rank, BLOCK_M, BLOCK_N, TILE[3])
         t0 = trace.now_if(TRACE)
         own = src == rank  # my own rows are read where they are, with no wait
