@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 import tempfile
 
@@ -35,10 +34,10 @@ import torch
 
 import trident
 from trident.bench import harness
+from trident.bench.variants import edited_module
 from trident.ops import matmul
 from trident.platform import SIMULATOR
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The host module whose ``kernels`` attribute each op's launches read, and its kernel module.
 MODULES = {"all_gather_gemm": "all_gather_gemm_kernels", "gemm_reduce": "gemm_reduce_kernels",
            "gemm_all_scatter": "gemm_all_scatter_kernels"}
@@ -72,22 +71,8 @@ OPS_OF = {"all_gather_gemm": ("all_gather_gemm",), "gemm_reduce": ("gemm_reduce_
 
 def build_variants(folder: str) -> dict:
     """``{name: kernel module}``: each :data:`VARIANTS` entry's edited copy, written into ``folder``."""
-    modules = {}
-    sys.path.insert(0, folder)
-    try:
-        for i, (name, (host, edits)) in enumerate(VARIANTS.items()):
-            with open(os.path.join(ROOT, "trident", "ops", "tensor_parallel", MODULES[host] + ".py")) as f:
-                text = f.read().replace("from ... import", "from trident import")
-            text = text.replace("from ...", "from trident.").replace("from ..", "from trident.ops.")
-            for old, new in edits:
-                assert old in text, f"{name}: {MODULES[host]}.py no longer holds {old!r}"
-                text = text.replace(old, new)
-            with open(os.path.join(folder, f"fused_anatomy_{i}.py"), "w") as f:
-                f.write(text)
-            modules[name] = importlib.import_module(f"fused_anatomy_{i}")
-    finally:
-        sys.path.remove(folder)
-    return modules
+    return {name: edited_module(f"ops/tensor_parallel/{MODULES[host]}.py", edits, f"fused_anatomy_{i}", folder)
+            for i, (name, (host, edits)) in enumerate(VARIANTS.items())}
 
 
 def _operands(ctx, op: str, M: int, N: int, K: int):

@@ -24,7 +24,6 @@ GPU. The timing variants are built in a temporary folder, never imported by trid
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -39,9 +38,9 @@ import trident
 import trident.ops.moe.dispatch as dispatch
 from trident.bench import harness
 from trident.bench.moe import _graph, inputs
+from trident.bench.variants import edited_module
 from trident.platform import SIMULATOR
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MASKED_READY = "        team = wait_peers_ready(call, team)\n        _send_rows("
 SEND = "        _send_rows(x_ptr, scales_ptr, topk_ptr, ids, recv, counts_ptr, sizes, team, BLOCKS, OPTIONS)\n"
 TICKET = 'sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1'
@@ -60,29 +59,14 @@ VARIANTS = {
 }
 
 
-def _source(relative: str) -> str:
-    with open(os.path.join(ROOT, "trident", relative)) as f:
-        return f.read().replace("from ...", "from trident.")
-
-
 def build_variants(folder: str) -> dict:
     """``{name: kernel}``: the dispatch kernel of each :data:`VARIANTS` entry, written into ``folder``."""
     kernels = {}
-    sys.path.insert(0, folder)
     for i, (name, (kernel_edits, sync_edits)) in enumerate(VARIANTS.items()):
-        sync, kernel = _source("ops/fused/sync.py"), _source("ops/moe/kernels.py")
-        for old, new in sync_edits:
-            assert old in sync, f"{name}: sync.py no longer holds {old!r}"
-            sync = sync.replace(old, new)
-        for old, new in kernel_edits:
-            assert old in kernel, f"{name}: kernels.py no longer holds {old!r}"
-            kernel = kernel.replace(old, new)
-        kernel = kernel.replace("from ..fused.sync", f"from anatomy_sync_{i}")
-        for text, module in ((sync, f"anatomy_sync_{i}"), (kernel, f"anatomy_kernels_{i}")):
-            with open(os.path.join(folder, module + ".py"), "w") as f:
-                f.write(text)
-        kernels[name] = importlib.import_module(f"anatomy_kernels_{i}").moe_dispatch_kernel
-    sys.path.remove(folder)
+        edited_module("ops/fused/sync.py", sync_edits, f"anatomy_sync_{i}", folder)
+        module = edited_module("ops/moe/kernels.py", kernel_edits, f"anatomy_kernels_{i}", folder,
+                               {"trident.ops.fused.sync": f"anatomy_sync_{i}"})
+        kernels[name] = module.moe_dispatch_kernel
     kernels["empty kernel"] = empty_kernel
     return kernels
 

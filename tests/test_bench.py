@@ -577,6 +577,24 @@ def test_moe_decode_anatomy_variants_still_apply_to_the_kernel(tmp_path):
         assert proc.returncode != 0 and "run it on a GPU" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_variant_copies_import_what_the_module_imports_and_refuse_a_stale_edit(tmp_path):
+    """trident.bench.variants: relative imports resolved against the module's package, at any depth;
+    an edit that no longer applies is an error naming it."""
+    import pytest
+
+    from trident.bench.variants import absolute_imports, edited_module
+
+    source = "from ..fused.sync import x\nfrom ... import trace\nfrom .combine import y\n    from ...device import z\n"
+    assert absolute_imports(source, "trident.ops.moe.kernels") == (
+        "from trident.ops.fused.sync import x\nfrom trident import trace\nfrom trident.ops.moe.combine import y\n"
+        "    from trident.device import z\n")
+    copy = edited_module("ops/gemm/tiles.py", [("GROUP_M * num_pid_n", "GROUP_M * num_pid_n")], "tiles_copy",
+                         str(tmp_path))
+    assert copy.tile_coords.fn.__name__ == "tile_coords" and copy.Gemm is not None
+    with pytest.raises(ValueError, match="no longer holds 'not in the source'"):
+        edited_module("ops/gemm/tiles.py", [("not in the source", "")], "tiles_stale", str(tmp_path))
+
+
 def test_fused_anatomy_variants_still_apply_to_the_kernels(tmp_path):
     """benchmarks/fused_anatomy.py times the fused ops' workgroup_specialized kernels with one part
     changed, each a text edit of a trident/ops/tensor_parallel kernel module: every edit must still
