@@ -76,6 +76,37 @@ def test_all_to_one_with_epochs(pool):
 
 
 @triton.jit
+def signal_peers_kernel(data_ptr, words_ptr, out_ptr, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
+    """Every peer gets this rank's value in slot ``rank`` of its data, then one release of word ``rank``
+    to all of them; then wait for every peer's word here and read their values."""
+    peers = tl.arange(0, WORLD_BLOCK)
+    is_peer = (peers < world_size) & (peers != rank)
+    trident.store(data_ptr + rank + peers * 0, 100 + rank + peers * 0, rank, peers, heap_bases, mask=is_peer)
+    trident.signal_peers(words_ptr + rank, 7, rank, world_size, heap_bases, WORLD_BLOCK)
+    trident.wait(words_ptr + peers, 7, rank, rank, heap_bases, mask=is_peer)
+    tl.store(out_ptr + peers, tl.load(data_ptr + peers, mask=peers < world_size), mask=peers < world_size)
+
+
+def _signal_peers_body(ctx):
+    data = ctx.full((ctx.world_size,), -1, dtype=torch.int64)
+    words = ctx.zeros(ctx.world_size, dtype=torch.int64)
+    out = ctx.zeros(ctx.world_size, dtype=torch.int64)
+    ctx.barrier()
+    signal_peers_kernel[(1,)](data, words, out, ctx.rank, ctx.world_size, ctx.heap_bases,
+                              WORLD_BLOCK=triton.next_power_of_2(ctx.world_size))
+    ctx.barrier()
+    return out.tolist(), words.tolist()
+
+
+def test_signal_peers_releases_to_every_other_rank_and_not_to_itself(pool):
+    results = pool.run(_signal_peers_body)
+    world = len(results)
+    for rank, (seen, words) in enumerate(results):
+        assert seen == [100 + r if r != rank else -1 for r in range(world)]
+        assert words == [7 if r != rank else 0 for r in range(world)]  # its own word untouched
+
+
+@triton.jit
 def block_wait_kernel(flags_ptr, out_ptr, n, rank, heap_bases, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     seen = trident.wait(flags_ptr + offs, 2, rank, rank, heap_bases, cmp="ge", mask=offs < n)

@@ -17,12 +17,12 @@ from .atomics import (
     atomic_xor,
 )
 from .memory import control_block, copy, get, load, put, store, translate
-from .sync import arrival_ticket, signal, sync_ranks, wait
+from .sync import arrival_ticket, signal, signal_peers, sync_ranks, wait
 
 __all__ = [
     "arrival_ticket",
     "translate", "load", "store", "get", "put", "copy",
     "atomic_add", "atomic_sub", "atomic_xchg", "atomic_and", "atomic_or", "atomic_xor",
     "atomic_min", "atomic_max", "atomic_cas",
-    "signal", "wait", "sync_ranks", "control_block",
+    "signal", "signal_peers", "wait", "sync_ranks", "control_block",
 ]

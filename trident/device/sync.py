@@ -229,6 +229,26 @@ def arrival_ticket(counter_ptr):
 
 
 @triton.jit
+def signal_peers(flag_ptr, value, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
+    """Release ``*flag_ptr = value`` at every other rank (the same symmetric word in each peer's heap),
+    all at once: one vector :func:`signal` with a lane per peer, so the release waits once for this
+    program's earlier stores, not once per peer. Not at this rank: its own stream orders its own work.
+    ``WORLD_BLOCK`` is ``world_size`` rounded up to a power of two (sys scope, ``op="set"``).
+
+    Send every peer its data first, then one ``signal_peers``: a :func:`signal` after each peer's
+    copy would wait for each copy to land before sending the next.
+
+    Example::
+
+        for i in range(1, world_size):
+            trident.store(tile_ptr + offs, tile, rank, (rank + i) % world_size, heap_bases)
+        trident.signal_peers(flag_ptr + rank, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
+    """
+    peers = tl.arange(0, WORLD_BLOCK)
+    signal(flag_ptr + peers * 0, value, rank, peers, heap_bases, mask=(peers < world_size) & (peers != rank))
+
+
+@triton.jit
 def sync_ranks(slots_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.constexpr):
     """Wait until every rank's program has reached ``epoch`` at this point (a barrier for one program).
 
@@ -245,7 +265,6 @@ def sync_ranks(slots_ptr, epoch, rank, world_size, heap_bases, WORLD_BLOCK: tl.c
         trident.sync_ranks(slots_ptr + pid * world_size, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
         tl.store(count_ptr + pid, epoch)
     """
+    signal_peers(slots_ptr + rank, epoch, rank, world_size, heap_bases, WORLD_BLOCK)
     peers = tl.arange(0, WORLD_BLOCK)
-    is_peer = (peers < world_size) & (peers != rank)
-    signal(slots_ptr + rank + peers * 0, epoch, rank, peers, heap_bases, mask=is_peer)
-    wait(slots_ptr + peers, epoch, rank, rank, heap_bases, cmp="ge", mask=is_peer)
+    wait(slots_ptr + peers, epoch, rank, rank, heap_bases, cmp="ge", mask=(peers < world_size) & (peers != rank))

@@ -95,7 +95,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...device import arrival_ticket, signal, store, wait
+from ...device import arrival_ticket, signal_peers, store, sync_ranks, wait
 from ...device.bundles import CallSync, Team
 from ...device.memory import control_block, record_fault
 from ...device.words import ERR_OFFSETS_DIFFER, ERROR_COUNT
@@ -279,9 +279,9 @@ def _announce(call, team):
     is_peer = (peers < team.world_size) & (peers != team.rank)  # this rank's own accesses follow its stream
     store(_offset_words(call, team) + team.rank + peers * 0, call.offset + peers * 0, team.rank, peers,
           team.heap_bases, mask=is_peer)
-    # signal's CTA barrier and release order the offsets' stores before READY.
-    signal(ready_words(call) + team.rank + peers * 0, call.epoch, team.rank, peers, team.heap_bases,
-           mask=is_peer)
+    # The release's CTA barrier and fence order the offsets' stores before READY.
+    signal_peers(ready_words(call) + team.rank, call.epoch, team.rank, team.world_size, team.heap_bases,
+                 call.WORLD_BLOCK)
 
 
 @triton.jit
@@ -377,9 +377,7 @@ def finish_call(call, team):
         for i in tl.static_range(_WORK_COUNTERS):  # no program of this launch claims any more
             tl.store(call.sync_ptr + _WORK + i, 0)
         tl.store(call.sync_ptr + _EPOCH, call.epoch)
-        peers = tl.arange(0, call.WORLD_BLOCK)
-        is_peer = (peers < team.world_size) & (peers != team.rank)  # the ticket already ordered its own stores
-        arrived = arrived_words(call, team)
-        signal(arrived + team.rank + peers * 0, call.epoch, team.rank, peers, team.heap_bases, mask=is_peer)
-        wait(arrived + peers, call.epoch, team.rank, team.rank, team.heap_bases, cmp="ge", mask=is_peer)
+        # ARRIVED with every peer (the ticket already ordered this rank's own stores)
+        sync_ranks(arrived_words(call, team), call.epoch, team.rank, team.world_size, team.heap_bases,
+                   call.WORLD_BLOCK)
     return last

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from ... import trace
-from ...device import signal, store, translate, wait
+from ...device import signal, signal_peers, store, translate, wait
 from ...device.bundles import Gemm, Team
 from ..fused.sync import enter_call, finish_call, flag_words, wait_peers_ready
 from ..gemm.tiles import shard_tile, tile_coords, tile_dot, tile_dot_range, tile_offsets
@@ -111,9 +111,7 @@ def push_all_tiles(first, step, gemm, slots, c, flags_ptr, call, trace_ptr, team
             # Every copy first, then the flags: one release to all the peers at once (a release per peer
             # waited for each copy to land before the next was sent), and my own gpu-scoped.
             flag = flags_ptr + rank * tiles + tile
-            peers = tl.arange(0, call.WORLD_BLOCK)
-            signal(flag + peers * 0, call.epoch, rank, peers, team.heap_bases,
-                   mask=(peers < world_size) & (peers != rank))
+            signal_peers(flag, call.epoch, rank, world_size, team.heap_bases, call.WORLD_BLOCK)
             release_tile_flag(flag, call.epoch, rank, team)
         trace.record(trace_ptr, trace.COMM, tile, rank, t0, rank, TRACE)
 
