@@ -84,8 +84,9 @@ def _repeat_body(ctx):
     prepared.clear()  # earlier tests in this rank process may have made these signatures
     gen = torch.Generator().manual_seed(11 + ctx.rank)
     errors, added = [], []
-    # a table config; a cut tail (scratch per call); TMA with a descriptor store
-    for M, N, K, cfg in (CASES[0], CASES[6], CASES[3]):
+    # a table config; a cut tail (scratch per call); TMA with a descriptor store; tiles with a tail of
+    # columns through descriptors (B's second descriptor rebased per call) and through pointers
+    for M, N, K, cfg in (CASES[0], CASES[6], CASES[3], CASES[9], CASES[10]):
         for call in range(3):  # new inputs and outputs each call, at new addresses
             before = len(prepared)
             A = torch.randn(M, K, generator=gen).half().to(ctx.device)
@@ -123,7 +124,7 @@ def test_repeated_calls_launch_the_compiled_kernel_with_new_tensors(pool2):
     cache) and still computes its own product; an unaligned base is another signature."""
     for errors, added in pool2.run(_repeat_body):
         assert all(err < TOL[torch.float16] for err in errors), errors
-        assert added == [1, 0, 0] * 3 + [0] * 5 + [1, 1, 0], added
+        assert added == [1, 0, 0] * 5 + [0] * 5 + [1, 1, 0], added
 
 
 def test_cut_plan_fills_the_last_waves_with_parts():
