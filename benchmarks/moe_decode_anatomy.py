@@ -45,24 +45,34 @@ MASKED_READY = "        team = wait_peers_ready(call, team)\n        _send_rows(
 SEND = "        _send_rows(x_ptr, scales_ptr, topk_ptr, ids, recv, counts_ptr, sizes, team, BLOCKS, OPTIONS)\n"
 TICKET = 'sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1'
 NOT_SELF = "(peers < team.world_size) & (peers != team.rank)"
+NOT_SELF_DEVICE = "(peers < world_size) & (peers != rank)"
 READY_SELF = "        if peer != team.rank:  # no READY from itself"
-#: Each variant: (edits to kernels.py, edits to sync.py), every edit an (old, new) text pair.
+#: How the handshake (trident/ops/fused/sync.py) imports the device API; a variant that edits
+#: trident/device/sync.py (signal_peers, sync_ranks) imports those two from its copy instead.
+DEVICE_IMPORT = "from trident.device import arrival_ticket, signal_peers, store, sync_ranks, wait"
+#: Each variant: (edits to ops/moe/kernels.py, to ops/fused/sync.py, to device/sync.py), every edit an
+#: (old, new) text pair.
 VARIANTS = {
-    "current": ((), ()),
-    "no READY wait": (((MASKED_READY, "        _send_rows("),), ()),
-    "no rows": (((SEND, ""),), ()),
+    "current": ((), (), ()),
+    "no READY wait": (((MASKED_READY, "        _send_rows("),), (), ()),
+    "no rows": (((SEND, ""),), (), ()),
     "no READY, no rows": (((SEND, ""), ("        team = wait_peers_ready(call, team)\n        if finish_call",
-                                        "        if finish_call")), ()),
-    "system-scope ticket": ((), ((TICKET, TICKET.replace('"gpu"', '"sys"')),)),
+                                        "        if finish_call")), (), ()),
+    "system-scope ticket": ((), ((TICKET, TICKET.replace('"gpu"', '"sys"')),), ()),
     "READY and ARRIVED to itself too": ((), ((NOT_SELF, "peers < team.world_size"),
-                                             (READY_SELF, "        if True:  # READY from itself too"))),
+                                             (READY_SELF, "        if True:  # READY from itself too")),
+                                        ((NOT_SELF_DEVICE, "peers < world_size"),)),
 }
 
 
 def build_variants(folder: str) -> dict:
     """``{name: kernel}``: the dispatch kernel of each :data:`VARIANTS` entry, written into ``folder``."""
     kernels = {}
-    for i, (name, (kernel_edits, sync_edits)) in enumerate(VARIANTS.items()):
+    for i, (name, (kernel_edits, sync_edits, device_edits)) in enumerate(VARIANTS.items()):
+        if device_edits:
+            edited_module("device/sync.py", device_edits, f"anatomy_device_sync_{i}", folder)
+            sync_edits = (*sync_edits, (DEVICE_IMPORT, "from trident.device import arrival_ticket, store, wait\n"
+                                                       f"from anatomy_device_sync_{i} import signal_peers, sync_ranks"))
         edited_module("ops/fused/sync.py", sync_edits, f"anatomy_sync_{i}", folder)
         module = edited_module("ops/moe/kernels.py", kernel_edits, f"anatomy_kernels_{i}", folder,
                                {"trident.ops.fused.sync": f"anatomy_sync_{i}"})

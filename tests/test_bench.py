@@ -568,9 +568,13 @@ def test_moe_decode_anatomy_variants_still_apply_to_the_kernel(tmp_path):
     finish = inspect.getsource(kernels["system-scope ticket"].fn.__globals__["finish_call"].fn)
     assert anatomy.TICKET.replace('"gpu"', '"sys"') in finish
     itself = kernels["READY and ARRIVED to itself too"].fn.__globals__
-    assert "peers != team.rank" not in inspect.getsource(itself["finish_call"].fn)
+    handshake = itself["finish_call"].fn.__globals__  # the edited ops/fused/sync.py
+    for helper in ("signal_peers", "sync_ranks"):  # from the edited device/sync.py
+        assert "peers != rank" not in inspect.getsource(handshake[helper].fn), helper
     assert "peer != team.rank" not in inspect.getsource(itself["wait_peers_ready"].fn)
-    assert "peer != team.rank" in inspect.getsource(kernels["current"].fn.__globals__["wait_peers_ready"].fn)
+    current = kernels["current"].fn.__globals__
+    assert "peer != team.rank" in inspect.getsource(current["wait_peers_ready"].fn)
+    assert "peers != rank" in inspect.getsource(current["finish_call"].fn.__globals__["signal_peers"].fn)
     if SIMULATOR:
         proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "moe_decode_anatomy.py")],
                               capture_output=True, text=True, timeout=120, env=script_env(), cwd=root)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ...device import atomic_add, signal, store, wait
+from ...device import atomic_add, signal, store, sync_ranks, wait
 from ...device.bundles import Team
 from ...device.memory import control_block, record_fault
 from ...device.words import ERR_CAPACITY
@@ -102,16 +102,15 @@ def _plan(hist, counts_ptr, local_ptr, status_ptr, sizes, call, team, E_BLOCK: t
     recv_counts_ptr = offsets_ptr + experts_local
     e = tl.arange(0, E_BLOCK)
     in_e = e < experts
-    # My row of every rank's count matrix, then its flag (release: the row is visible first). All rows
-    # first, then one release to every rank at once: a release per peer in the loop waited for each
-    # peer's row to land before writing the next (world_size round trips in a row, not one).
+    # My row of every rank's count matrix, then its flag at every peer (release: the row is visible
+    # first). All rows first, then one release to every peer at once: a release per peer in the loop
+    # waited for each peer's row to land before writing the next (world_size round trips in a row, not
+    # one). My own row needs no flag: this program wrote it, and the release's CTA barrier orders it.
     mine = counts_ptr + rank * experts + e
     for i in range(world_size):
         peer = (rank + i) % world_size
         store(mine, hist, rank, peer, heap_bases, mask=in_e)
-    ranks = tl.arange(0, call.WORLD_BLOCK)
-    signal(flags + rank + ranks * 0, epoch, rank, ranks, heap_bases, mask=ranks < world_size)
-    wait(flags + ranks, epoch, rank, rank, heap_bases, cmp="ge", mask=ranks < world_size)
+    sync_ranks(flags, epoch, rank, world_size, heap_bases, call.WORLD_BLOCK)
     total = tl.zeros([E_BLOCK], dtype=tl.int32)   # rows each expert receives
     before = tl.zeros([E_BLOCK], dtype=tl.int32)  # of those, rows from ranks before me
     for s in range(world_size):
