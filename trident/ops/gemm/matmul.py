@@ -28,7 +28,7 @@ from ...device.bundles import Gemm, Output
 from ...kernels.descriptors import Rebased
 from ...kernels.prepared import by_address, prepare, rebased
 from .config import SIM_CONFIG, MatmulConfig, cut_plan, pick_config
-from .tiles import block_offsets, output_tile, tile_coords, tile_dot, tile_dot_range, tile_dot_wide
+from .tiles import block_offsets, tile_coords, tile_dot, tile_dot_range, tile_dot_wide
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -108,8 +108,7 @@ def _store_tile(out, acc, pid_m, pid_n, C_TMA: tl.constexpr, SUBTILE: tl.constex
         else:
             c.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c.dtype))
     else:
-        offs, mask = output_tile(out, pid_m, pid_n)
-        tl.store(c + offs, acc.to(c.dtype.element_ty), mask=mask)
+        _store_block(out, acc, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_N)
 
 
 @triton.jit
@@ -331,7 +330,7 @@ class _PreparedMatmul:
     calls, so a later call skips the config and tile-cut choice, building and checking descriptors, and
     Triton's argument binding and specialization (most of a small call's host time)."""
 
-    __slots__ = ("cfg", "_launch", "_values", "_descriptors", "_scratch", "_tail")
+    __slots__ = ("cfg", "_launch", "_values", "_descriptors", "_scratch")
 
     def __init__(self, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, cfg: MatmulConfig):
         grid, args, constexprs, options, scratch = _launch_parts(A, B, C, cfg)
@@ -339,7 +338,6 @@ class _PreparedMatmul:
         self._launch = prepare(matmul_kernel, grid, args, constexprs, **options)  # launches now
         self._values = [by_address(a) for a in args]  # the ints; A, B, C and the scratch are replaced per call
         self._descriptors = tuple(v if isinstance(v, Rebased) else None for v in self._values[:4])
-        self._tail = cfg.tail_n > 0
         self._scratch = (scratch[0].numel(), scratch[1].numel()) if scratch else None
 
     def __call__(self, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor) -> None:
@@ -347,7 +345,8 @@ class _PreparedMatmul:
             launch_matmul(A, B, C, self.cfg)
             return
         values = self._values.copy()
-        for i, (t, descriptor) in enumerate(zip((A, B, B if self._tail else None, C), self._descriptors, strict=True)):
+        b_tail = B if self.cfg.tail_n else None  # the kernel's b_tail: B again, or None without a tail
+        for i, (t, descriptor) in enumerate(zip((A, B, b_tail, C), self._descriptors, strict=True)):
             if t is not None:  # b_tail is None without a tail
                 values[i] = t.data_ptr() if descriptor is None else rebased(descriptor, t)
         if self._scratch:  # new per call, as on the full path
